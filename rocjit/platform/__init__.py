@@ -40,6 +40,7 @@ class Compiled:
     target: str
     lowered: dict = field(default_factory=dict)   # name expression -> mangled symbol
     log: str = ""
+    key: str = ""                    # cache key (set by rocjit.compiler)
 
 
 _selected = None

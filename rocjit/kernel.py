@@ -1,0 +1,507 @@
+"""Module / Kernel: compile on first use per device, pack arguments by the kernel's signature, launch.
+
+Two launch paths share one contract. The fast path (generated per kernel, like a hand-written launcher) takes
+contiguous torch tensors and Python scalars and goes straight to the vendor's launch call; anything else — numpy
+staging, DLPack / CUDA-array-interface objects, explicit streams of other kinds, and every error — goes through
+the general path, which checks each argument and names the parameter in its message.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import warnings
+
+from rocjit import arrays, compiler, signature
+from rocjit.errors import ArgumentError, LaunchError, RocjitError
+
+_INVALID_CONTEXT = 201
+_STATIC_SHARED_LIMIT = 48 * 1024
+_INT_RANGES = {ctypes.c_int8: (-2**7, 2**7 - 1), ctypes.c_uint8: (0, 2**8 - 1), ctypes.c_int16: (-2**15, 2**15 - 1),
+               ctypes.c_uint16: (0, 2**16 - 1), ctypes.c_int32: (-2**31, 2**31 - 1), ctypes.c_uint32: (0, 2**32 - 1),
+               ctypes.c_int64: (-2**63, 2**63 - 1), ctypes.c_uint64: (0, 2**64 - 1)}
+
+
+def _dim3(v, what):
+    t = (v,) if isinstance(v, int) else tuple(v)
+    if not 1 <= len(t) <= 3 or not all(isinstance(x, int) for x in t):
+        raise ValueError(f"{what}: expected an int or a tuple of 1-3 ints, got {v!r}")
+    if any(x < 1 for x in t):
+        raise ValueError(f"{what}: every dimension must be >= 1, got {v!r}")
+    return t + (1,) * (3 - len(t))
+
+
+def _debug() -> bool:
+    return os.environ.get("ROCJIT_DEBUG", "") not in ("", "0")
+
+
+class Module:
+    """A HIP source (string or file) whose kernels compile on first use; ``mod["name<args>"]`` gives a Kernel."""
+
+    def __init__(self, source_or_path, *, defines=None, options=None, include_dirs=()):
+        self.source, self.filename, self.source_dir = compiler.read_source(source_or_path)
+        self.defines, self.options, self.include_dirs = dict(defines or {}), list(options or ()), tuple(include_dirs)
+        self._kernels: dict[str, Kernel] = {}
+
+    def __getitem__(self, name_expression: str) -> "Kernel":
+        k = self._kernels.get(name_expression)
+        if k is None:
+            k = self._kernels[name_expression] = Kernel(self, name_expression)
+        return k
+
+    def compile(self, target: str, name_expressions=()):
+        """Compile for a named target without a GPU (used by ``check`` and tests)."""
+        return compiler.compile_text(self.source, target, filename=self.filename, source_dir=self.source_dir,
+                                     defines=self.defines, options=self.options,
+                                     name_expressions=name_expressions, include_dirs=self.include_dirs)
+
+    def kernel_names(self):
+        return [k for k, _, _ in signature.find_kernel(self.source, None)]
+
+
+def kernel(source_or_path, name: str | None = None, *, defines=None, options=None, include_dirs=()) -> "Kernel":
+    """One kernel from a source: `name` may be a template name expression; omitted, the source's only kernel."""
+    mod = Module(source_or_path, defines=defines, options=options, include_dirs=include_dirs)
+    if name is None:
+        names = mod.kernel_names()
+        if len(names) != 1:
+            raise ValueError(f"the source defines {len(names)} __global__ kernels ({', '.join(names) or 'none'}); "
+                             f"pass name=... to choose one")
+        name = names[0]
+    return mod[name]
+
+
+class Kernel:
+    def __init__(self, module: Module, name_expression: str):
+        self.module, self.name = module, name_expression
+        self.params = signature.parse(module.source, name_expression)
+        if self.params is None:
+            raise ValueError(f"no __global__ kernel named {name_expression.split('<')[0]!r} in {module.filename}")
+        self._plat = None
+        self._code = {}                 # target -> CodeObject
+        self._fns: dict[int, int] = {}  # device -> function handle
+        self._shared_limit: dict[int, int] = {}
+        self._configured = {}
+        self._fast = None
+        self._owner = threading.get_ident()
+
+    # ------------------------------------------------------------------ compile / load
+    def compile(self, target: str):
+        co = self._code.get(target)
+        if co is None:
+            co = self._code[target] = self.module.compile(target, (self.name,))
+        return co
+
+    @property
+    def code_object(self):
+        """The code object for the current platform's device 0 target (compiled if needed)."""
+        from rocjit import platform
+        return self.compile(platform.get().device_target(self._default_device()))
+
+    @property
+    def mangled_name(self) -> str:
+        return self.code_object.lowered.get(self.name, self.name)
+
+    def _load(self, dev: int) -> int:
+        from rocjit import platform
+        plat = self._plat = self._plat or platform.get()
+        co = self.compile(plat.device_target(dev))
+        mod = _load_module(plat, co, dev, self)
+        mangled = co.lowered.get(self.name, self.name)
+        fn = plat.get_function(mod, mangled)
+        self._check_layout(plat.param_layout(co.binary, mod, fn, mangled))
+        self._fns[dev] = fn
+        self._shared_limit[dev] = _STATIC_SHARED_LIMIT
+        if self._fast is None:
+            self._build_fast_path()
+        return fn
+
+    def _check_layout(self, layout):
+        self._layout = layout
+        if layout is None:
+            return
+        if len(layout) != len(self.params):
+            raise RocjitError(f"kernel {self.name}: the source declares {len(self.params)} parameters but the compiled "
+                              f"kernel has {len(layout)}")
+        for p, (_, size) in zip(self.params, layout):
+            want = 8 if p.pointer else ctypes.sizeof(signature.SCALAR_CTYPES.get(p.ctype, ctypes.c_char * size))
+            if want != size:
+                raise RocjitError(f"kernel {self.name}: {p.describe()} is {size} bytes in the compiled kernel, "
+                                  f"{want} by its declared type")
+
+    def _slots(self):
+        """ctypes storage for each parameter and the void* array the driver reads them through."""
+        slots = []
+        for i, p in enumerate(self.params):
+            if p.pointer:
+                slots.append(ctypes.c_void_p())
+            else:
+                ct = signature.SCALAR_CTYPES.get(p.ctype)
+                if ct is None:
+                    size = self._layout[i][1] if self._layout else 0
+                    if not size:
+                        raise RocjitError(f"kernel {self.name}: cannot tell the size of {p.describe()}")
+                    ct = ctypes.c_char * size
+                slots.append(ct())
+        arr = (ctypes.c_void_p * max(1, len(slots)))(*[ctypes.addressof(s) for s in slots])
+        return slots, arr
+
+    # ------------------------------------------------------------------ launch syntax
+    def __getitem__(self, cfg):
+        launcher = self._configured.get(cfg)
+        if launcher is None:
+            if not (isinstance(cfg, tuple) and len(cfg) == 2):
+                raise TypeError("launch with kernel[grid, block](*args): grid and block are ints or tuples")
+            g, b = _dim3(cfg[0], "grid"), _dim3(cfg[1], "block")
+            launcher = _Configured(self, g, b)
+            if len(self._configured) < 256:
+                self._configured[cfg] = launcher
+        return launcher
+
+    def __call__(self, *args, grid, block, shared_mem: int = 0, stream=None):
+        return self[grid, block](*args, shared_mem=shared_mem, stream=stream)
+
+    def launch(self, grid, block, args, shared_mem: int = 0, stream=None):
+        return self[grid, block](*args, shared_mem=shared_mem, stream=stream)
+
+    # ------------------------------------------------------------------ general path
+    def _launch_general(self, g, b, args, shared_mem, stream):
+        from rocjit import platform
+        plat = self._plat = self._plat or platform.get()
+        if len(args) != len(self.params):
+            names = ", ".join(p.name for p in self.params)
+            raise ArgumentError(f"kernel {self.name} takes {len(self.params)} arguments ({names}), got {len(args)}")
+        nthreads = b[0] * b[1] * b[2]
+        if nthreads > 1024:
+            raise ValueError(f"block {b}: {nthreads} threads per block, at most 1024 are allowed")
+        values, devices, staged, keep, uses_torch, uses_cupy = [], set(), [], [], False, False
+        for a, p in zip(args, self.params):
+            if p.pointer:
+                v, dev, st, info = _pointer_arg(a, p, plat)
+                if st is not None:
+                    staged.append((len(values), st, p))
+                if dev is not None:
+                    devices.add(dev)
+                if info is not None:
+                    keep.append(info.keepalive)
+                    uses_torch |= info.framework == "torch"
+                    uses_cupy |= info.framework == "cupy"
+                values.append(v)
+            else:
+                values.append(_scalar_arg(a, p))
+        if len(devices) > 1:
+            raise ArgumentError(f"kernel {self.name}: arguments live on different devices {sorted(devices)}; "
+                                f"move them to one device")
+        dev = devices.pop() if devices else self._default_device()
+        fn = self._fns.get(dev) or self._load(dev)
+        plat.set_current(dev)
+        if stream is None:
+            stream = _torch_stream(dev) if uses_torch else _cupy_stream() if uses_cupy else 0
+        else:
+            stream = arrays.stream_handle(stream)
+        shared_mem = int(shared_mem)
+        if shared_mem < 0:
+            raise ValueError(f"shared_mem must be >= 0, got {shared_mem}")
+        self._raise_shared_limit(plat, fn, dev, shared_mem)
+        buffers = []
+        try:
+            for i, st, p in staged:
+                host = st.array
+                nbytes = host.nbytes
+                ptr = plat.malloc(nbytes, dev)
+                buffers.append(ptr)
+                if st.copy_in and nbytes:
+                    src = host if host.flags.c_contiguous else host.copy(order="C")
+                    plat.memcpy_htod(ptr, src.ctypes.data, nbytes)
+                values[i] = ptr
+            slots, params = self._slots()
+            for s, v in zip(slots, values):
+                if isinstance(s, ctypes.Array):
+                    ctypes.memmove(s, v, len(s))
+                else:
+                    s.value = v
+            err = plat.launch(fn, g, b, shared_mem, stream, params)
+            if err == _INVALID_CONTEXT:
+                plat.set_current(dev)
+                err = plat.launch(fn, g, b, shared_mem, stream, params)
+            if err:
+                raise LaunchError(f"launch of {self.name} (grid {g}, block {b}, shared_mem {shared_mem}) failed",
+                                  plat.error_name(err))
+            if staged or _debug():
+                if not _capturing(uses_torch):
+                    plat.check_last(dev)
+            for i, st, p in staged:
+                if st.copy_out and not p.const and st.array.nbytes:
+                    _copy_back(plat, st.array, buffers[[j for j, _, _ in staged].index(i)])
+        finally:
+            for ptr in buffers:
+                plat.free(ptr)
+        del keep
+
+    def _raise_shared_limit(self, plat, fn, dev, shared_mem):
+        if shared_mem > self._shared_limit.get(dev, _STATIC_SHARED_LIMIT):
+            optin = plat.device_attributes(dev).get("max_shared_per_block_optin", _STATIC_SHARED_LIMIT)
+            if shared_mem > optin:
+                raise ValueError(f"shared_mem={shared_mem} bytes exceeds the device's limit of {optin} bytes per block")
+            plat.set_max_dynamic_shared(fn, shared_mem)
+            self._shared_limit[dev] = shared_mem
+
+    def _default_device(self) -> int:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+        return 0
+
+    # ------------------------------------------------------------------ fast path
+    def _build_fast_path(self):
+        """Generate a launcher specialised to this signature: torch tensors + Python scalars, no loops."""
+        torch = sys.modules.get("torch")
+        plat = self._plat
+        raw = getattr(plat, "launcher", None)
+        if torch is None or _debug() or raw is None or not hasattr(torch._C, "_cuda_getCurrentRawStream"):
+            self._fast = False
+            return
+        self._fast_slots, self._fast_params = self._slots()
+        env = {"Tensor": torch.Tensor, "get_ident": threading.get_ident, "owner": self._owner,
+               "fns": self._fns, "limits": self._shared_limit, "raw_stream": torch._C._cuda_getCurrentRawStream,
+               "launch": raw(), "params": self._fast_params, "general": self._launch_general,
+               "stream_handle": arrays.stream_handle, "multi": plat.device_count() > 1,
+               "ensure_current": getattr(plat, "ensure_current", plat.set_current)}
+        conds, sets, names = [], [], []
+        for i, p in enumerate(self.params):
+            a = f"a{i}"
+            names.append(a)
+            env[f"s{i}"] = self._fast_slots[i]
+            if p.pointer:
+                dts = p.dtypes
+                conds.append(f"type({a}) is Tensor")
+                if dts is not None:
+                    tds = tuple(getattr(torch, d) for d in dts if hasattr(torch, d))
+                    env[f"D{i}"] = tds
+                    conds.append(f"{a}.dtype is D{i}[0]" if len(tds) == 1 else f"{a}.dtype in D{i}")
+                align = signature.POINTEE_ALIGN.get(p.ctype, 1)
+                sets.append(f"s{i}.value = {a}.data_ptr()")
+                if align > 1:
+                    sets.append(f"if s{i}.value % {align}: return general(g, b, args, shared_mem, stream)")
+            else:
+                ct = signature.SCALAR_CTYPES.get(p.ctype)
+                if ct is None or p.ctype in signature.HALF_TYPES | signature.BF16_TYPES:
+                    self._fast = False
+                    return
+                if ct in (ctypes.c_float, ctypes.c_double):
+                    conds.append(f"(type({a}) is float or type({a}) is int)")
+                elif ct is ctypes.c_bool:
+                    conds.append(f"type({a}) is bool")
+                else:
+                    lo, hi = _INT_RANGES[ct]
+                    conds.append(f"type({a}) is int and {lo} <= {a} <= {hi}")
+                sets.append(f"s{i}.value = {a}")
+        tensors = [f"a{i}" for i, p in enumerate(self.params) if p.pointer]
+        if not tensors:
+            self._fast = False  # nothing tells the device; the general path picks it
+            return
+        dev_checks = " and ".join([f"{t}.get_device() == dev" for t in tensors[1:]] +
+                                  [f"{t}.is_contiguous()" for t in tensors]) or "True"
+        args = ", ".join(names)
+        body = "\n".join("            " + s for s in sets)
+        src = f"""
+def fast(g, b, {args}{',' if args else ''} shared_mem=0, stream=None):
+    if {' and '.join(conds + ['get_ident() == owner'])}:
+        dev = {tensors[0]}.get_device()
+        fn = fns.get(dev)
+        if fn is not None and {dev_checks} and shared_mem <= limits[dev]:
+{body}
+            if stream is None:
+                st = raw_stream(dev)
+            elif type(stream) is int:
+                st = stream
+            else:
+                st = stream_handle(stream)
+            if multi:
+                ensure_current(dev)
+            if launch(fn, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, st, params, None) == 0:
+                return
+    return general(g, b, ({args}{',' if len(names) == 1 else ''}), shared_mem, stream)
+"""
+        exec(compile(src, f"<rocjit launcher {self.name}>", "exec"), env)
+        self._fast = env["fast"]
+
+    def __repr__(self):
+        return f"<rocjit.Kernel {self.name} from {self.module.filename}>"
+
+
+class _Configured:
+    """kernel[grid, block]: calling it launches."""
+    __slots__ = ("kernel", "grid", "block")
+
+    def __init__(self, kernel, grid, block):
+        self.kernel, self.grid, self.block = kernel, grid, block
+
+    def __call__(self, *args, shared_mem=0, stream=None):
+        k = self.kernel
+        fast = k._fast
+        if fast:
+            try:
+                return fast(self.grid, self.block, *args, shared_mem=shared_mem, stream=stream)
+            except TypeError:
+                if len(args) == len(k.params):
+                    raise
+                # wrong argument count: the general path names the parameters
+        return k._launch_general(self.grid, self.block, args, shared_mem, stream)
+
+
+# ----------------------------------------------------------------------------- argument checking
+def _pointer_arg(a, p: signature.Param, plat):
+    """(value, device, staging, info) for a pointer parameter."""
+    if a is None:
+        return 0, None, None, None
+    if isinstance(a, arrays._Staged):
+        _check_dtype(arrays.describe(a.array), p)
+        return 0, None, a, None
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(a, np.ndarray):
+        _check_dtype(arrays.describe(a), p)
+        stage = arrays.In(a) if (p.const or not a.flags.writeable) else arrays.InOut(a)
+        return 0, None, stage, None
+    if isinstance(a, int) and not isinstance(a, bool):
+        dev = plat.pointer_device(a) if a else None
+        if a and dev is None:
+            raise ArgumentError(f"{p.describe()}: the integer {a:#x} is not a device pointer (host memory?); "
+                                f"pass a GPU array, or a numpy array to have it staged")
+        return a, dev, None, None
+    info = arrays.describe(a)
+    if info is None:
+        raise ArgumentError(f"{p.describe()}: expected a GPU array (torch / cupy / DLPack / CUDA array interface), "
+                            f"a numpy array, a device pointer or None; got {type(a).__name__}")
+    if info.device is None:
+        raise ArgumentError(f"{p.describe()}: got a {info.framework} array in host (CPU) memory where the kernel needs "
+                            f"GPU memory; move it to the GPU first (e.g. tensor.cuda()), or pass a numpy array to stage it")
+    _check_dtype(info, p)
+    if not info.contiguous:
+        raise ArgumentError(f"{p.describe()}: the array is not contiguous (shape {info.shape}, strides {info.strides}); "
+                            f"pass a contiguous copy (e.g. .contiguous()) or its data pointer as an int")
+    align = signature.POINTEE_ALIGN.get(p.ctype, 1)
+    if align > 1 and info.ptr % align:
+        raise ArgumentError(f"{p.describe()}: the data pointer {info.ptr:#x} is not {align}-byte aligned as "
+                            f"{p.ctype} requires")
+    return info.ptr, info.device, None, info
+
+
+def _check_dtype(info, p):
+    allowed = p.dtypes
+    if allowed is not None and info.dtype not in allowed:
+        want = allowed[0] if len(allowed) == 1 else " or ".join(allowed)
+        raise ArgumentError(f"{p.describe()}: expected element dtype {want}, got {info.dtype}")
+
+
+def _scalar_arg(a, p: signature.Param):
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(a, np.generic):
+        a = a.item()
+    ct = signature.SCALAR_CTYPES.get(p.ctype)
+    if ct is None:                       # a struct or unresolved template type: raw bytes of the right size
+        if isinstance(a, (bytes, bytearray)):
+            return bytes(a)
+        if isinstance(a, ctypes.Structure):
+            return bytes(a)
+        raise ArgumentError(f"{p.describe()}: pass a ctypes.Structure or bytes for this by-value parameter, "
+                            f"got {type(a).__name__}")
+    if p.ctype in signature.HALF_TYPES | signature.BF16_TYPES:
+        if not isinstance(a, (int, float)) or isinstance(a, bool):
+            raise ArgumentError(f"{p.describe()}: expected a float, got {type(a).__name__}")
+        import numpy
+        if p.ctype in signature.HALF_TYPES:
+            return int(numpy.float16(a).view(numpy.uint16))
+        import ml_dtypes
+        return int(numpy.array(a, dtype=ml_dtypes.bfloat16).view(numpy.uint16))
+    if ct in (ctypes.c_float, ctypes.c_double):
+        if not isinstance(a, (int, float)) or isinstance(a, bool):
+            raise ArgumentError(f"{p.describe()}: expected a float, got {type(a).__name__} {a!r}")
+        return float(a)
+    if ct is ctypes.c_bool:
+        if not isinstance(a, (bool, int)):
+            raise ArgumentError(f"{p.describe()}: expected a bool, got {type(a).__name__}")
+        return bool(a)
+    if isinstance(a, bool) or not isinstance(a, int):
+        raise ArgumentError(f"{p.describe()}: expected an int, got {type(a).__name__} {a!r}")
+    lo, hi = _INT_RANGES[ct]
+    if not lo <= a <= hi:
+        raise ArgumentError(f"{p.describe()}: {a} does not fit in {p.ctype} (range {lo}..{hi})")
+    return a
+
+
+# ----------------------------------------------------------------------------- helpers
+_modules: dict[tuple[str, int], int] = {}
+_modules_lock = threading.Lock()
+
+
+def _load_module(plat, co, dev, kernel):
+    """Loaded modules are cached per (code object, device)."""
+    key = (co.key, dev)
+    with _modules_lock:
+        mod = _modules.get(key)
+        if mod is None:
+            mod = _modules[key] = _load_with_fallback(plat, co, dev, kernel)
+    return mod
+
+
+_DRIVER_TOO_OLD = {"CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE",
+                   "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY"}
+
+
+def _load_with_fallback(plat, co, dev, kernel):
+    """Load the cubin; if the driver rejects code from a newer NVRTC, retry with PTX lowered to the driver's ISA."""
+    try:
+        return plat.load_module(co.binary, dev)
+    except LaunchError as e:
+        if plat.NAME != "cuda" or e.error_name not in _DRIVER_TOO_OLD:
+            raise
+        drv = plat.driver_version()
+        warnings.warn(f"rocjit: the driver (CUDA {drv[0]}.{drv[1]}) rejected code built by {plat.compiler_version()} "
+                      f"({e.error_name}); retrying with PTX for the driver's version", RuntimeWarning, stacklevel=4)
+        ptx_target = "compute_" + co.target[3:]
+        ptx = kernel.compile(ptx_target)
+        text = _lower_ptx_version(ptx.binary.decode(), drv)
+        try:
+            return plat.load_module(text.encode() + b"\0", dev)
+        except LaunchError as e2:
+            raise LaunchError(f"the driver (CUDA {drv[0]}.{drv[1]}) cannot load code from {plat.compiler_version()}, "
+                              f"even as PTX; install an nvidia-cuda-nvrtc wheel no newer than the driver "
+                              f"(pip install 'nvidia-cuda-nvrtc<={drv[0]}.{drv[1]}') or update the driver",
+                              e2.error_name) from None
+
+
+# CUDA release -> the PTX ISA version its driver JIT accepts
+_PTX_ISA = {(12, 0): "8.0", (12, 1): "8.1", (12, 2): "8.2", (12, 3): "8.3", (12, 4): "8.4", (12, 5): "8.5",
+            (12, 6): "8.5", (12, 8): "8.7", (12, 9): "8.8", (13, 0): "9.0", (13, 1): "9.1", (13, 2): "9.2"}
+
+
+def _lower_ptx_version(ptx: str, drv) -> str:
+    import re
+    isa = _PTX_ISA.get(tuple(drv))
+    return re.sub(r"^\.version\s+\d+\.\d+", f".version {isa}", ptx, count=1, flags=re.M) if isa else ptx
+
+
+def _copy_back(plat, host, dev_ptr):
+    import numpy as np
+    if host.flags.c_contiguous:
+        plat.memcpy_dtoh(host.ctypes.data, dev_ptr, host.nbytes)
+    else:
+        tmp = np.empty(host.shape, host.dtype)
+        plat.memcpy_dtoh(tmp.ctypes.data, dev_ptr, tmp.nbytes)
+        np.copyto(host, tmp)
+
+
+def _torch_stream(dev: int) -> int:
+    return sys.modules["torch"]._C._cuda_getCurrentRawStream(dev)
+
+
+def _cupy_stream() -> int:
+    cupy = sys.modules.get("cupy")
+    return cupy.cuda.get_current_stream().ptr if cupy is not None else 0
+
+
+def _capturing(uses_torch: bool) -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
