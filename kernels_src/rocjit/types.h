@@ -1,0 +1,96 @@
+// fp16 / bf16 element types, conversions to and from fp32, packed pairs, and the fp32
+// activation math (exp2-based sigmoid / SiLU) shared by the kernels.
+#pragma once
+#include "rocjit/platform.h"
+#include "rocjit/vec.h"
+
+#if ROCJIT_NVIDIA
+#include <hip/hip_fp16.h>
+#include <hip/hip_bf16.h>
+#else
+#ifndef __HIPCC_RTC__  // hipRTC has __half built in; its header would redefine it
+#include <hip/hip_fp16.h>
+#endif
+#if __has_include(<hip/hip_bf16.h>)
+#include <hip/hip_bf16.h>
+#else
+#define ROCJIT_OWN_BF16 1  // old hipRTC (ROCm 5.x) ships no bf16 header
+#endif
+#endif
+
+#ifdef ROCJIT_OWN_BF16
+// The storage type and the conversions kernels need (round-to-nearest-even, NaN kept).
+struct __hip_bfloat16 { unsigned short data; };
+struct __hip_bfloat162 { __hip_bfloat16 x, y; };
+ROCJIT_INLINE float __bfloat162float(__hip_bfloat16 b) { return __uint_as_float((unsigned int)b.data << 16); }
+ROCJIT_INLINE __hip_bfloat16 __float2bfloat16(float f) {
+    unsigned int u = __float_as_uint(f);
+    unsigned int rounded = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : u + 0x7fffu + ((u >> 16) & 1u);
+    return __hip_bfloat16{(unsigned short)(rounded >> 16)};
+}
+ROCJIT_INLINE float2 __bfloat1622float2(__hip_bfloat162 v) { return make_float2(__bfloat162float(v.x), __bfloat162float(v.y)); }
+ROCJIT_INLINE __hip_bfloat162 __float22bfloat162_rn(float2 f) { return __hip_bfloat162{__float2bfloat16(f.x), __float2bfloat16(f.y)}; }
+ROCJIT_INLINE __hip_bfloat162 __hadd2(__hip_bfloat162 a, __hip_bfloat162 b) {
+    return __hip_bfloat162{__float2bfloat16(__bfloat162float(a.x) + __bfloat162float(b.x)),
+                           __float2bfloat16(__bfloat162float(a.y) + __bfloat162float(b.y))};
+}
+#endif
+
+namespace rocjit {
+
+typedef __half f16;
+typedef __half2 f16x2;
+typedef __hip_bfloat16 bf16;
+typedef __hip_bfloat162 bf16x2;
+
+// The packed pair type of a 16-bit element type.
+template <class T> struct packed;
+template <> struct packed<f16> { typedef f16x2 type; };
+template <> struct packed<bf16> { typedef bf16x2 type; };
+template <class T> using packed_t = typename packed<T>::type;
+
+ROCJIT_INLINE float to_float(f16 v) { return __half2float(v); }
+ROCJIT_INLINE float to_float(bf16 v) { return __bfloat162float(v); }
+ROCJIT_INLINE float to_float(float v) { return v; }
+ROCJIT_INLINE float2 to_float2(f16x2 v) { return __half22float2(v); }
+ROCJIT_INLINE float2 to_float2(bf16x2 v) { return __bfloat1622float2(v); }
+
+template <class T> ROCJIT_INLINE T from_float(float v);
+template <> ROCJIT_INLINE f16 from_float<f16>(float v) { return __float2half_rn(v); }
+template <> ROCJIT_INLINE bf16 from_float<bf16>(float v) { return __float2bfloat16(v); }
+template <> ROCJIT_INLINE float from_float<float>(float v) { return v; }
+
+template <class T2> ROCJIT_INLINE T2 from_float2(float2 v);
+template <> ROCJIT_INLINE f16x2 from_float2<f16x2>(float2 v) { return __float22half2_rn(v); }
+template <> ROCJIT_INLINE bf16x2 from_float2<bf16x2>(float2 v) { return __float22bfloat162_rn(v); }
+
+// Packed add, correctly rounded: bit-identical to adding in fp32 and rounding once.
+ROCJIT_INLINE f16x2 add2(f16x2 a, f16x2 b) { return __hadd2(a, b); }
+ROCJIT_INLINE bf16x2 add2(bf16x2 a, bf16x2 b) { return __hadd2(a, b); }
+
+// 2^x on the hardware's exp2 unit (NVIDIA ex2.approx, AMD v_exp_f32).
+ROCJIT_INLINE float fast_exp2(float x) {
+#if ROCJIT_NVIDIA
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return __builtin_amdgcn_exp2f(x);
+#endif
+}
+
+// sigmoid(x) = 1 / (1 + e^-x) with e^-x = 2^(-x log2 e): one exp2 and one reciprocal.
+ROCJIT_INLINE float sigmoid(float x) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    return 1.0f / (1.0f + fast_exp2(-x * kLog2e));
+}
+ROCJIT_INLINE float silu(float x) { return x * sigmoid(x); }
+
+// N elements of a 16-bit type as fp32 values, and back.
+template <class T, int N>
+ROCJIT_INLINE void to_float(const vec<T, N>& in, float (&out)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(in[i]);
+}
+
+}  // namespace rocjit
