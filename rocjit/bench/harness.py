@@ -1,0 +1,249 @@
+"""Shared benchmark machinery: timing by events or CUDA-graph replays (medians), rotated input sets beyond L2,
+the two ceilings (copy bandwidth, best library matmul), the result JSON and its plot.
+
+Result JSON (one shape for every suite):
+    {"suite", "gpu", "commit", "date", "ceilings": {...},
+     "rows": [{"case", "shape", "dtype", "ours_us", "peers_us": {name: us}, "floor_us", ...}]}
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+SUITES = ("launch", "norm", "swiglu", "quant", "gemv", "skinny")
+
+
+def _torch():
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks need a GPU visible to torch")
+    return torch
+
+
+# ----------------------------------------------------------------------------- timing
+def time_events(fn, *, warmup: int = 10, reps: int = 100) -> float:
+    """Median µs of fn() timed with device events, one event pair per call."""
+    torch = _torch()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+def time_graph(fns, *, reps: int = 50, warmup: int = 3) -> float:
+    """Median µs per call of the callables `fns` (e.g. one per rotated input set), captured once into a CUDA graph
+    and replayed `reps` times; the graph holds the list `fns` repeated to amortise the replay launch."""
+    torch = _torch()
+    fns = list(fns)
+    per_graph = max(1, math.ceil(20 / len(fns))) * len(fns)   # >= 20 kernel calls per replay
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in fns:                      # warm up (compile, autotune, module load) outside capture
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(per_graph):
+            fns[i % len(fns)]()
+    for _ in range(warmup):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / per_graph)
+    return statistics.median(times)
+
+
+def time_rotating(fns, *, graph: bool, reps: int = 50) -> float:
+    """Median µs per call over rotated input sets: graph replays (small, launch-bound cases) or events."""
+    fns = list(fns)
+    if graph:
+        return time_graph(fns, reps=reps)
+    torch = _torch()
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    times = []
+    for r in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for f in fns:
+            f()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / len(fns))
+    return statistics.median(times)
+
+
+def rotation_count(bytes_per_set: int, *, l2_bytes: int | None = None, at_least: int = 2, at_most: int = 64) -> int:
+    """How many distinct input sets make one pass over them touch more than twice the L2 cache."""
+    if l2_bytes is None:
+        l2_bytes = _torch().cuda.get_device_properties(0).L2_cache_size
+    return max(at_least, min(at_most, math.ceil(2 * l2_bytes / max(1, bytes_per_set)) + 1))
+
+
+# ----------------------------------------------------------------------------- ceilings
+def measure_ceilings(*, matmul: bool = True, fp8: bool = False) -> dict:
+    """Device-to-device copy bandwidth (bytes read + written) and library matmul rates, measured now."""
+    torch = _torch()
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    src.random_(0, 255)
+    dst = torch.empty_like(src)
+    us = time_events(lambda: dst.copy_(src), warmup=3, reps=20)
+    out = {"copy_GBps": 2 * n / (us * 1e-6) / 1e9}
+    if matmul:
+        m = 8192
+        a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        us = time_events(lambda: a @ b, warmup=3, reps=10)
+        out["bf16_matmul_TFLOPs"] = 2 * m ** 3 / (us * 1e-6) / 1e12
+        if fp8 and hasattr(torch, "float8_e4m3fn"):
+            a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
+            one = torch.ones((), device="cuda")
+            us = time_events(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16), warmup=3, reps=10)
+            out["fp8_matmul_TFLOPs"] = 2 * m ** 3 / (us * 1e-6) / 1e12
+        del a, b
+    del src, dst
+    torch.cuda.empty_cache()
+    return out
+
+
+def floor_us(nbytes: int, ceilings: dict) -> float:
+    """Speed-of-light time to move `nbytes` at the measured copy bandwidth."""
+    return nbytes / (ceilings["copy_GBps"] * 1e9) * 1e6
+
+
+# ----------------------------------------------------------------------------- results
+def new_result(suite: str, ceilings: dict | None = None) -> dict:
+    gpu = "unknown"
+    try:
+        import torch
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return {"suite": suite, "gpu": gpu, "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc)
+            .strftime("%Y-%m-%dT%H:%M:%SZ"), "ceilings": ceilings or {}, "rows": []}
+
+
+def add_row(result: dict, case: str, shape, dtype: str, ours_us: float | None, peers_us: dict,
+            floor: float | None = None, **extra) -> dict:
+    row = {"case": case, "shape": list(shape), "dtype": dtype, "ours_us": ours_us,
+           "peers_us": {k: v for k, v in peers_us.items()}, "floor_us": floor, **extra}
+    result["rows"].append(row)
+    return row
+
+
+def _commit() -> str:
+    if os.environ.get("ROCJIT_COMMIT"):
+        return os.environ["ROCJIT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def format_table(result: dict) -> str:
+    rows = result["rows"]
+    peers = sorted({p for r in rows for p in r["peers_us"]})
+    head = ["case", "shape", "dtype", "ours_us", *[f"{p}_us" for p in peers], "floor_us",
+            *[f"speedup_vs_{p}" for p in peers], "SOL%"]
+    lines = [" | ".join(head)]
+    for r in rows:
+        ours = r["ours_us"]
+        cells = [r["case"], "x".join(map(str, r["shape"])), r["dtype"], _f(ours)]
+        cells += [_f(r["peers_us"].get(p)) for p in peers]
+        cells.append(_f(r.get("floor_us")))
+        # speed-up of ours over each peer (peer time / ours), >1 means we are faster
+        cells += [_f(r["peers_us"][p] / ours, 2) + "x" if ours and r["peers_us"].get(p) else "-" for p in peers]
+        cells.append(_f(100 * r["floor_us"] / ours, 1) if ours and r.get("floor_us") else "-")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def _f(v, nd=2):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def plot(result: dict, path: str) -> None:
+    """µs vs rows (the first shape dimension) per case, log-log; peers dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = {}
+    for r in result["rows"]:
+        if r.get("ours_us") is None:
+            continue
+        key = (r["case"], r["dtype"], tuple(r["shape"][1:]))
+        groups.setdefault(key, []).append(r)
+    n = max(1, len(groups))
+    cols = min(3, n)
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(5.5 * cols, 4 * ((n + cols - 1) // cols)),
+                             squeeze=False)
+    for ax, ((case, dtype, rest), rows) in zip(axes.flat, sorted(groups.items())):
+        rows = sorted(rows, key=lambda r: r["shape"][0])
+        xs = [r["shape"][0] for r in rows]
+        ax.plot(xs, [r["ours_us"] for r in rows], "o-", label="rocjit", lw=2)
+        for p in sorted({p for r in rows for p in r["peers_us"]}):
+            pts = [(r["shape"][0], r["peers_us"][p]) for r in rows if r["peers_us"].get(p)]
+            if pts:
+                ax.plot(*zip(*pts), "s--", label=p, alpha=0.8)
+        fl = [(r["shape"][0], r["floor_us"]) for r in rows if r.get("floor_us")]
+        if fl:
+            ax.plot(*zip(*fl), ":", color="gray", label="floor (copy SOL)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{case} {dtype} x{'x'.join(map(str, rest))}", fontsize=9)
+        ax.set_xlabel("rows (first dim)")
+        ax.set_ylabel("µs")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    fig.suptitle(f"rocjit {result['suite']} — {result['gpu']} — {result['commit']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- CLI
+def main(argv) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rocjit bench", description="Run a benchmark suite on the GPU.")
+    ap.add_argument("suite", choices=SUITES)
+    ap.add_argument("--json", help="write the result JSON here (a PNG plot is written beside it)")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes and repetitions (smoke run)")
+    args, rest = ap.parse_known_args(argv)
+    mod = importlib.import_module(f"rocjit.bench.{args.suite}")
+    result = mod.run(rest + (["--quick"] if args.quick else []))
+    print(format_table(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+        if args.suite != "launch" and result["rows"]:
+            plot(result, str(Path(args.json).with_suffix(".png")))
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,136 @@
+"""Launch overhead: host µs per launch of an empty 4-argument kernel, rocjit against its peers, in one run.
+
+Also: first-call compile time of a small kernel, cache-hit first call in a new process, `import rocjit` time.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from rocjit.bench import harness
+
+EMPTY = r"""
+#include <hip/hip_runtime.h>
+__global__ void empty4(const float* a, float* b, float* c, int n) {}
+"""
+
+_PROBE = r"""
+import time, sys
+t0 = time.perf_counter()
+import rocjit, torch
+t1 = time.perf_counter()
+x = torch.zeros(4096, device="cuda"); torch.cuda.synchronize()
+src = '''
+#include <hip/hip_runtime.h>
+__global__ void axpy(float a, const float* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] += a * x[i]; }
+'''
+t2 = time.perf_counter()
+k = rocjit.kernel(src)
+k[16, 256](2.0, x, x, 4096)
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+print(f"{(t1 - t0) * 1e3:.3f} {(t3 - t2) * 1e3:.3f}")
+"""
+
+
+def host_us_per_call(fn, sync, *, n: int = 2000, reps: int = 15) -> float:
+    """Median over `reps` batches of the host time per call of `n` back-to-back launches."""
+    for _ in range(200):
+        fn()
+    sync()
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t) / n * 1e6)
+        sync()
+    return statistics.median(out)
+
+
+def _import_time_ms() -> float:
+    code = "import time; t=time.perf_counter(); import rocjit; print((time.perf_counter()-t)*1e3)"
+    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+            for _ in range(5)]
+    return statistics.median(runs)
+
+
+def _first_call_ms():
+    """(compile-and-run ms with an empty cache, cache-hit first call ms) each in a fresh process."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, ROCJIT_CACHE_DIR=d)
+        cold = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True)
+        warm = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True)
+    return float(cold.stdout.split()[1]), float(warm.stdout.split()[1])
+
+
+def run(argv) -> dict:
+    import torch
+
+    import rocjit
+    from rocjit.platform import cuda as plat
+    quick = "--quick" in argv
+    n = 500 if quick else 3000
+    res = harness.new_result("launch")
+    dev = torch.device("cuda")
+    a, b, c = (torch.randn(1024, device=dev) for _ in range(3))
+    sync = torch.cuda.synchronize
+
+    k = rocjit.kernel(EMPTY)
+    launcher = k[1, 32]
+    launcher(a, b, c, 1024)
+    sync()
+    ours = host_us_per_call(lambda: launcher(a, b, c, 1024), sync, n=n)
+
+    # raw driver call with prepacked arguments, both through ctypes and through cuda-bindings
+    fn = k._fns[0]
+    vals = [ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()), ctypes.c_void_p(c.data_ptr()),
+            ctypes.c_int(1024)]
+    params = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in vals])
+    stream = torch.cuda.current_stream().cuda_stream
+    raw = plat.launcher()
+    raw_ctypes = host_us_per_call(lambda: raw(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, None), sync, n=n)
+    peers = {"cuLaunchKernel_ctypes": raw_ctypes}
+    try:
+        from cuda.bindings import driver
+        cfn, cst, paddr = driver.CUfunction(fn), driver.CUstream(stream), ctypes.addressof(params)
+        peers["cuLaunchKernel_cuda_bindings"] = host_us_per_call(
+            lambda: driver.cuLaunchKernel(cfn, 1, 1, 1, 32, 1, 1, 0, cst, paddr, 0), sync, n=n)
+    except Exception as e:
+        print(f"cuda-bindings peer skipped: {e}", file=sys.stderr)
+    try:
+        import cupy
+        ck = cupy.RawKernel(EMPTY.replace("#include <hip/hip_runtime.h>", 'extern "C"'), "empty4")
+        ca, cb, cc = (cupy.asarray(a), cupy.asarray(b), cupy.asarray(c))
+        n32 = cupy.int32(1024)
+        peers["cupy_RawKernel"] = host_us_per_call(lambda: ck((1,), (32,), (ca, cb, cc, n32)), sync, n=n)
+    except Exception as e:
+        print(f"cupy peer skipped: {e}", file=sys.stderr)
+    try:
+        import triton
+
+        @triton.jit
+        def _empty(a_ptr, b_ptr, c_ptr, n):
+            pass
+
+        _empty[(1,)](a, b, c, 1024)
+        peers["triton"] = host_us_per_call(lambda: _empty[(1,)](a, b, c, 1024), sync, n=n)
+    except Exception as e:
+        print(f"triton peer skipped: {e}", file=sys.stderr)
+    peers["torch_add_"] = host_us_per_call(lambda: b.add_(c), sync, n=n)
+
+    raw_best = min(v for kname, v in peers.items() if kname.startswith("cuLaunchKernel"))
+    harness.add_row(res, "empty kernel, 4 args (torch tensors)", [1, 32], "float32", ours, peers,
+                    ratio_vs_raw=ours / raw_best)
+    res["extra"] = {"import_rocjit_ms": _import_time_ms()}
+    cold, warm = _first_call_ms()
+    res["extra"].update({"first_call_compile_ms": cold, "first_call_cache_hit_ms": warm})
+    print(f"import rocjit: {res['extra']['import_rocjit_ms']:.1f} ms; first call with compile: {cold:.1f} ms; "
+          f"first call from the disk cache (new process): {warm:.1f} ms; ours / raw driver = {ours / raw_best:.3f}")
+    return res
