@@ -1,0 +1,193 @@
+// FP8 quantization of fp16/bf16 activations and weights. Scales are fp32 dequantization
+// multipliers (x ~= q * s), s = amax / fp8 max, q = saturate(x / s).
+//   quant_rows_kernel:   per-tensor (static scale, or dynamic from amax_kernel partials) and
+//                        per-token (row kept in registers between its amax and the quantization)
+//   amax_kernel:         per-block partial maxima of |x| for the dynamic per-tensor scale
+//   quant_blocks_kernel: 1x128 row blocks, 128x1 column blocks, 128x128 tiles, or 1x128 and
+//                        128x1 together from ONE read of x (the "dual" quantization)
+#include <hip/hip_runtime.h>
+#include "rocjit/chunk.h"
+#include "rocjit/warp.h"
+
+using namespace rocjit;
+
+constexpr int kQuantDynamicTensor = 3;  // scale from amax_kernel's partial maxima
+
+template <class T, class F, int kQuant, int kRowThreads, int kBlock, int kChunks, bool kAligned>
+__launch_bounds__(kBlock) __global__ void quant_rows_kernel(unsigned char* q, float* scales, const T* x,
+                                                            const float* scale_in, int rows, int hidden,
+                                                            int tiles_per_row, int num_partials) {
+    static_assert(kRowThreads <= kWaveSize || kRowThreads == kBlock, "a row spans a wave or the whole block");
+    constexpr int kGroupsPerBlock = kBlock / kRowThreads;
+    __shared__ float scratch[1024 / kWaveSize];
+    float out_mul = 1.0f;
+    if (kQuant == kQuantStatic) out_mul = 1.0f / *scale_in;
+    if (kQuant == kQuantDynamicTensor) {
+        float m = 0.0f;
+        for (int i = threadIdx.x; i < num_partials; i += kBlock) m = fmaxf(m, scale_in[i]);
+        m = fmaxf(block_max(m, scratch), kMinAmax);
+        out_mul = F::max / m;
+        if (blockIdx.x == 0 && threadIdx.x == 0) scales[0] = m / F::max;
+    }
+    const long long group = (long long)blockIdx.x * kGroupsPerBlock + threadIdx.x / kRowThreads;
+    const int row = (int)(group / tiles_per_row);
+    const int tile = (int)(group % tiles_per_row);
+    const int lane = threadIdx.x % kRowThreads;
+    const bool valid = row < rows;
+    const long long base = (long long)row * hidden;
+
+    float v[kChunks][kChunk];
+    float amax = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int col = ((tile * kChunks + c) * kRowThreads + lane) * kChunk;
+        chunk_t<T> h = zero_chunk<T>();
+        if (valid && col < hidden) h = load_chunk<kAligned, true>(x + base, col, hidden);
+        chunk_to_float(h, v[c]);
+        if (kQuant == kQuantToken) {
+#pragma unroll
+            for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
+        }
+    }
+    if (kQuant == kQuantToken) {
+        amax = fmaxf(row_reduce<MaxOp, kRowThreads>(amax, scratch), kMinAmax);
+        out_mul = F::max / amax;
+        if (valid && lane == 0) scales[row] = amax / F::max;
+    }
+    if (!valid) return;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int col = ((tile * kChunks + c) * kRowThreads + lane) * kChunk;
+        if (col >= hidden) break;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) v[c][i] *= out_mul;
+        unsigned int lo, hi;
+        float8_to_fp8x8<F>(v[c], lo, hi);
+        store_fp8_chunk<kAligned, true>(q + base, col, hidden, lo, hi);
+    }
+}
+
+// Partial maxima of |x| over a flat tensor of n elements, one per block.
+template <class T, int kBlock, bool kAligned>
+__launch_bounds__(kBlock) __global__ void amax_kernel(float* partials, const T* x, long long n) {
+    __shared__ float scratch[1024 / kWaveSize];
+    float m = 0.0f;
+    const long long chunks = (n + kChunk - 1) / kChunk;
+    for (long long c = (long long)blockIdx.x * kBlock + threadIdx.x; c < chunks; c += (long long)gridDim.x * kBlock) {
+        const long long start = c * kChunk;
+        const int left = n - start < kChunk ? (int)(n - start) : kChunk;
+        float f[kChunk];
+        chunk_to_float(load_chunk<kAligned, true>(x + start, 0, left), f);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) m = fmaxf(m, fabsf(f[i]));
+    }
+    m = block_max(m, scratch);
+    if (threadIdx.x == 0) partials[blockIdx.x] = m;
+}
+
+// Block-scaled quantization. A 256-thread block covers kTileRows rows x 128 columns: 16 lanes
+// of 8 elements span the 128 columns, 16 row slots step down the rows. Output layouts:
+//   kRowBlocks: q_row [rows, cols], s_row [rows, ceil(cols/128)]
+//   kColBlocks: q_col [rows, cols], s_col [ceil(rows/128), cols]       (kTileRows == 128)
+//   kTile:      q_row [rows, cols], s_row [ceil(rows/128), ceil(cols/128)] (kTileRows == 128)
+constexpr int kRowBlocks = 1, kColBlocks = 2, kTile = 4;
+constexpr int kQuantBlock = 128;
+constexpr int kLanes = kQuantBlock / kChunk;  // 16 lanes across a block's columns
+constexpr int kSlots = 256 / kLanes;          // 16 rows in flight
+
+template <class T, class F, int kMode, int kTileRows, bool kAligned>
+__launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row, float* s_row, unsigned char* q_col,
+                                                           float* s_col, const T* x, int rows, int cols) {
+    static_assert(kTileRows % kSlots == 0, "tile rows: a multiple of 16");
+    static_assert(!(kMode & (kColBlocks | kTile)) || kTileRows == kQuantBlock, "column blocks and tiles are 128 rows");
+    constexpr int kSteps = kTileRows / kSlots;
+    __shared__ float col_partial[kSlots][kQuantBlock + 1];
+    __shared__ float scratch[1024 / kWaveSize];
+    const int lane = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
+    const int col = blockIdx.x * kQuantBlock + lane * kChunk;
+    const int row0 = blockIdx.y * kTileRows + slot;
+    const int row_blocks = (cols + kQuantBlock - 1) / kQuantBlock;
+
+    float v[kSteps][kChunk];
+    float col_max[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) col_max[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+        const int row = row0 + s * kSlots;
+        chunk_t<T> h = zero_chunk<T>();
+        if (row < rows && col < cols) h = load_chunk<kAligned, true>(x + (long long)row * cols, col, cols);
+        chunk_to_float(h, v[s]);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) col_max[i] = fmaxf(col_max[i], fabsf(v[s][i]));
+    }
+
+    // Column (128x1) and tile (128x128) maxima through shared memory.
+    float tile_mul = 1.0f;
+    float col_mul[kChunk];
+    if constexpr ((kMode & kColBlocks) != 0) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) col_partial[slot][lane * kChunk + i] = col_max[i];
+        __syncthreads();
+        if (threadIdx.x < kQuantBlock) {
+            float m = 0.0f;
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s) m = fmaxf(m, col_partial[s][threadIdx.x]);
+            col_partial[0][threadIdx.x] = fmaxf(m, kMinAmax);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) {
+            const float m = col_partial[0][lane * kChunk + i];
+            col_mul[i] = F::max / m;
+            if (slot == 0 && col + i < cols) s_col[(long long)blockIdx.y * cols + col + i] = m / F::max;
+        }
+    }
+    if constexpr ((kMode & kTile) != 0) {
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) m = fmaxf(m, col_max[i]);
+        m = fmaxf(block_max(m, scratch), kMinAmax);
+        tile_mul = F::max / m;
+        if (threadIdx.x == 0) s_row[(long long)blockIdx.y * row_blocks + blockIdx.x] = m / F::max;
+    }
+
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+        const int row = row0 + s * kSlots;
+        if constexpr ((kMode & (kRowBlocks | kTile)) != 0) {
+            float mul = tile_mul;
+            if constexpr ((kMode & kRowBlocks) != 0) {
+                float m = 0.0f;
+#pragma unroll
+                for (int i = 0; i < kChunk; ++i) m = fmaxf(m, fabsf(v[s][i]));
+                m = fmaxf(group_max<kLanes>(m), kMinAmax);
+                mul = F::max / m;
+                if (lane == 0 && row < rows) s_row[(long long)row * row_blocks + blockIdx.x] = m / F::max;
+            }
+            float f[kChunk];
+#pragma unroll
+            for (int i = 0; i < kChunk; ++i) f[i] = v[s][i] * mul;
+            unsigned int lo, hi;
+            float8_to_fp8x8<F>(f, lo, hi);
+            if (row < rows && col < cols) store_fp8_chunk<kAligned, true>(q_row + (long long)row * cols, col, cols, lo, hi);
+        }
+        if constexpr ((kMode & kColBlocks) != 0) {
+            float f[kChunk];
+#pragma unroll
+            for (int i = 0; i < kChunk; ++i) f[i] = v[s][i] * col_mul[i];
+            unsigned int lo, hi;
+            float8_to_fp8x8<F>(f, lo, hi);
+            if (row < rows && col < cols) store_fp8_chunk<kAligned, true>(q_col + (long long)row * cols, col, cols, lo, hi);
+        }
+    }
+}
+
+// rocjit:check quant_rows_kernel<__hip_bfloat16, rocjit::e4m3fn, 2, 128, 128, 7, true>
+// rocjit:check quant_rows_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 1, 256, 256, 2, true>
+// rocjit:check quant_rows_kernel<__half, rocjit::e4m3fn, 3, 256, 256, 2, false>
+// rocjit:check amax_kernel<__hip_bfloat16, 512, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 32, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 2, 128, true>
+// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fn, 4, 128, false>

@@ -1,0 +1,91 @@
+// Fused (residual add +) RMSNorm (+ FP8 quantization), one row per group of kRowThreads threads.
+//   h = x (+ residual, written back in place); y = h * rsqrt(mean(h^2) + eps) * weight
+//   out = y (dtype T) | fp8(y / scale) | fp8(y / s_row) with s_row = amax(|y_row|) / fp8 max
+// The row stays in registers between the reduction and the normalization (kChunks 16-byte
+// chunks per thread), so x and residual are read once. Small hidden sizes put several rows
+// in a block (kRowThreads < kBlock, reduced by lane shuffles).
+#include <hip/hip_runtime.h>
+#include "rocjit/chunk.h"
+#include "rocjit/warp.h"
+
+using namespace rocjit;
+
+template <class T, class F, int kQuant, bool kResidual, int kRowThreads, int kBlock, int kChunks, bool kAligned>
+__launch_bounds__(kBlock) __global__ void rms_norm_kernel(void* out, float* row_scales, const T* x, T* residual,
+                                                          const T* weight, const float* scale, int rows, int hidden,
+                                                          float eps) {
+    static_assert(kRowThreads <= kWaveSize || kRowThreads == kBlock, "a row spans a wave or the whole block");
+    constexpr int kRowsPerBlock = kBlock / kRowThreads;
+    __shared__ float scratch[1024 / kWaveSize];
+    const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kRowThreads;
+    const int lane = threadIdx.x % kRowThreads;
+    const bool valid = row < rows;  // invalid lanes still join the reductions
+    const long long base = (long long)row * hidden;
+
+    chunk_t<T> h[kChunks], w[kChunks];
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int col = (c * kRowThreads + lane) * kChunk;
+        h[c] = zero_chunk<T>();
+        w[c] = zero_chunk<T>();
+        if (valid && col < hidden) {
+            h[c] = load_chunk<kAligned, true>(x + base, col, hidden);
+            w[c] = load_chunk<kAligned>(weight, col, hidden);
+            if (kResidual) {
+                h[c] = add_chunks(h[c], load_chunk<kAligned, true>(residual + base, col, hidden));
+                store_chunk<kAligned, true>(residual + base, col, hidden, h[c]);
+            }
+        }
+        float f[kChunk];
+        chunk_to_float(h[c], f);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) sum_sq += f[i] * f[i];
+    }
+    sum_sq = row_reduce<SumOp, kRowThreads>(sum_sq, scratch);
+    const float inv_rms = rsqrtf(sum_sq / (float)hidden + eps);
+
+    float amax = 0.0f;
+    if (kQuant == kQuantToken) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+            float f[kChunk], g[kChunk];
+            chunk_to_float(h[c], f);
+            chunk_to_float(w[c], g);
+#pragma unroll
+            for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, fabsf(f[i] * inv_rms * g[i]));
+        }
+        amax = fmaxf(row_reduce<MaxOp, kRowThreads>(amax, scratch), kMinAmax);
+    }
+    if (!valid) return;
+    float out_mul = 1.0f;  // y * out_mul is what gets rounded to fp8
+    if (kQuant == kQuantStatic) out_mul = 1.0f / *scale;
+    if (kQuant == kQuantToken) {
+        out_mul = F::max / amax;
+        if (lane == 0) row_scales[row] = amax / F::max;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int col = (c * kRowThreads + lane) * kChunk;
+        if (col >= hidden) break;
+        float f[kChunk], g[kChunk];
+        chunk_to_float(h[c], f);
+        chunk_to_float(w[c], g);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) f[i] = f[i] * inv_rms * g[i] * out_mul;
+        if (kQuant == kQuantNone) {
+            store_chunk<kAligned, true>(static_cast<T*>(out) + base, col, hidden, float_to_chunk<T>(f));
+        } else {
+            unsigned int lo, hi;
+            float8_to_fp8x8<F>(f, lo, hi);
+            store_fp8_chunk<kAligned, true>(static_cast<unsigned char*>(out) + base, col, hidden, lo, hi);
+        }
+    }
+}
+
+// Instantiations compiled by `python -m rocjit check` (the ops pick others per shape):
+// rocjit:check rms_norm_kernel<__half, rocjit::e4m3fn, 1, true, 256, 256, 8, true>
+// rocjit:check rms_norm_kernel<__half, rocjit::e4m3fn, 1, true, 1024, 1024, 2, true>
+// rocjit:check rms_norm_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 2, true, 128, 128, 4, true>
+// rocjit:check rms_norm_kernel<__hip_bfloat16, rocjit::e4m3fn, 0, false, 32, 256, 4, true>
+// rocjit:check rms_norm_kernel<__half, rocjit::e4m3fn, 0, true, 256, 256, 8, false>

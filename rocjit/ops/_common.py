@@ -1,0 +1,235 @@
+"""Shared plumbing for rocjit.ops: lazy torch, argument checks, FP8 formats, framework conversion, custom ops.
+
+Every op computes on torch tensors; numpy and cupy inputs are converted at the boundary and the outputs
+returned in the caller's framework. Nothing here imports torch until an op is called.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+# FP8 E4M3 formats: name -> (largest finite value, kernel tag type, torch dtype name, ml_dtypes name)
+FP8_FORMATS = {
+    "e4m3fn": (448.0, "rocjit::e4m3fn", "float8_e4m3fn", "float8_e4m3fn"),
+    "e4m3fnuz": (240.0, "rocjit::e4m3fnuz", "float8_e4m3fnuz", "float8_e4m3fnuz"),
+}
+KERNEL_TYPES = {"float16": "__half", "bfloat16": "__hip_bfloat16"}
+
+
+def torch():
+    """The torch module, imported on first use (``import rocjit`` never imports it)."""
+    mod = sys.modules.get("torch")
+    if mod is None:
+        import torch as mod
+    return mod
+
+
+# ----------------------------------------------------------------------------- argument checks
+def check_tensor(op: str, name: str, t, *, dtypes=None, dim=None, shape=None, device=None, contiguous=True):
+    """Raise a TypeError / ValueError naming the op, the argument and what was expected."""
+    tm = torch()
+    if not isinstance(t, tm.Tensor):
+        raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{op}: {name} must have dtype {want}, got {str(t.dtype).replace('torch.', '')}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{op}: {name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device}, expected {device} (all inputs on one device)")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{op}: {name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
+                         f"pass {name}.contiguous()")
+    return t
+
+
+def half_dtypes():
+    tm = torch()
+    return (tm.float16, tm.bfloat16)
+
+
+def kernel_type(dtype) -> str:
+    """The HIP type name of a torch dtype, for template name expressions."""
+    return KERNEL_TYPES[str(dtype).replace("torch.", "")]
+
+
+def aligned(*tensors, to: int = 16) -> bool:
+    return all(t.data_ptr() % to == 0 for t in tensors)
+
+
+def cbool(v: bool) -> str:
+    return "true" if v else "false"
+
+
+# ----------------------------------------------------------------------------- FP8 formats
+@functools.lru_cache(maxsize=None)
+def native_fp8(device_index: int = 0) -> str:
+    """The device's own FP8 format: e4m3fnuz on gfx942 (MI300), e4m3fn on NVIDIA and gfx950."""
+    from rocjit import platform
+    plat = platform.get()
+    if plat.NAME == "hip" and plat.device_target(device_index).split(":")[0] in ("gfx940", "gfx941", "gfx942"):
+        return "e4m3fnuz"
+    return "e4m3fn"
+
+
+def fp8_format(fmt, device) -> str:
+    """Validate an explicit format or pick the device's native one."""
+    if fmt is None:
+        return native_fp8(device.index or 0 if device is not None else 0)
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"fp8 format must be one of {sorted(FP8_FORMATS)}, got {fmt!r}")
+    return fmt
+
+
+def fp8_max(fmt: str) -> float:
+    return FP8_FORMATS[fmt][0]
+
+
+def fp8_tag(fmt: str) -> str:
+    return FP8_FORMATS[fmt][1]
+
+
+def fp8_torch_dtype(fmt: str):
+    return getattr(torch(), FP8_FORMATS[fmt][2])
+
+
+def fp8_numpy_dtype(fmt: str):
+    import ml_dtypes
+    return getattr(ml_dtypes, FP8_FORMATS[fmt][3])
+
+
+def fp8_reference(x, fmt: str):
+    """Reference quantizer: float values (any precision) -> fp8 codes as uint8, round-to-nearest-even,
+    saturating to +-max (inf included), NaN kept. ml_dtypes rounds exactly; it maps overflow to NaN, so
+    values are clamped first."""
+    import numpy as np
+    x = np.asarray(x, dtype=np.float64)
+    m = fp8_max(fmt)
+    clamped = np.where(np.isnan(x), x, np.clip(x, -m, m))
+    return clamped.astype(fp8_numpy_dtype(fmt)).view(np.uint8)
+
+
+def fp8_decode(codes, fmt: str):
+    """fp8 codes (uint8) -> float64 values."""
+    import numpy as np
+    return np.asarray(codes, dtype=np.uint8).view(fp8_numpy_dtype(fmt)).astype(np.float64)
+
+
+# ----------------------------------------------------------------------------- frameworks
+def to_torch(a, name: str, op: str):
+    """(torch tensor on a GPU, framework name) for torch / cupy (zero-copy) / numpy (copied to the GPU)."""
+    tm = torch()
+    if isinstance(a, tm.Tensor):
+        return a, "torch"
+    mod = type(a).__module__.split(".")[0]
+    if mod == "numpy":
+        import numpy as np
+        arr = np.ascontiguousarray(a)
+        if arr.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz"):
+            t = tm.from_numpy(arr.view(np.uint16 if arr.dtype.itemsize == 2 else np.uint8))
+            t = t.view(getattr(tm, arr.dtype.name))
+        else:
+            t = tm.from_numpy(arr)
+        return t.cuda(), "numpy"
+    if mod == "cupy" or hasattr(a, "__dlpack__"):
+        return tm.from_dlpack(a), "cupy" if mod == "cupy" else "dlpack"
+    raise TypeError(f"{op}: {name} must be a torch / cupy / numpy array, got {type(a).__name__}")
+
+
+def from_torch(t, framework: str):
+    """A result in the caller's framework."""
+    if t is None or framework in ("torch", "dlpack"):
+        return t
+    if framework == "cupy":
+        import cupy
+        return cupy.from_dlpack(t)
+    import numpy as np
+    host = t.detach().cpu()
+    name = str(host.dtype).replace("torch.", "")
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz"):
+        import ml_dtypes
+        raw = host.view(torch().uint16 if host.element_size() == 2 else torch().uint8).numpy()
+        return raw.view(getattr(ml_dtypes, name))
+    return host.numpy()
+
+
+def convert_outputs(result, framework: str):
+    if framework == "torch":
+        return result
+    if isinstance(result, tuple):
+        return tuple(from_torch(r, framework) for r in result)
+    return from_torch(result, framework)
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(device_index: int) -> dict:
+    """sm / CU count and wave size of a device, read once."""
+    from rocjit import platform
+    attrs = platform.get().device_attributes(device_index)
+    return {"sms": int(attrs.get("sm_count") or attrs.get("cu_count") or 100), "wave": int(attrs.get("warp_size", 32))}
+
+
+@functools.lru_cache(maxsize=None)
+def dummy_f32(device_index: int):
+    """A 1-element float32 tensor passed for unused pointer parameters (keeps the launch on the fast path)."""
+    tm = torch()
+    return tm.zeros(1, dtype=tm.float32, device=f"cuda:{device_index}")
+
+
+# ----------------------------------------------------------------------------- torch custom ops
+_registered: dict[str, object] = {}
+
+
+def custom_op(name: str, impl, fake, *, mutates_args=(), schema_fn=None):
+    """torch.ops.rocjit.<name>, registered on first use: `impl` runs the kernels, `fake` gives output metadata."""
+    op = _registered.get(name)
+    if op is None:
+        tm = torch()
+        op = tm.library.custom_op(f"rocjit::{name}", mutates_args=tuple(mutates_args))(impl)
+        op.register_fake(fake)
+        _registered[name] = op
+    return op
+
+
+def compiling() -> bool:
+    """True while torch.compile / dynamo traces (then ops dispatch through torch.ops.rocjit.*)."""
+    tm = sys.modules.get("torch")
+    return tm is not None and tm.compiler.is_compiling()
+
+
+@functools.lru_cache(maxsize=None)
+def module(filename: str):
+    """The library's kernel source as a rocjit.Module (one per file)."""
+    from rocjit.kernel import Module
+    return Module(filename)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def row_config(chunks: int, rows: int, sms: int, wave: int, *, reduce: bool) -> tuple[int, int, int, int]:
+    """(threads per row group, block, chunks per thread, tiles per row) for a row of `chunks` 8-element chunks.
+
+    Rows that need a reduction stay whole in registers (tiles per row = 1): many threads per row when rows
+    are few (latency), more chunks per thread when rows are many (fewer, fuller blocks). Element-wise work
+    splits a row into tiles of at most 256 threads x 2 chunks. Small rows share a block."""
+    if reduce:
+        per_thread = 2 if rows < 2 * sms else 4
+        threads = min(1024, next_pow2(ceil_div(chunks, per_thread)))
+        per_thread = ceil_div(chunks, threads)
+        if per_thread > 16:
+            raise ValueError(f"rows of {chunks * 8} elements are too long to keep in registers (max {1024 * 16 * 8})")
+        tiles = 1
+    else:
+        per_thread = 2 if chunks >= 512 else 1
+        threads = min(256, next_pow2(ceil_div(chunks, per_thread)))
+        tiles = ceil_div(chunks, threads * per_thread)
+    block = threads if threads > wave else max(threads, 256)
+    return threads, block, per_thread, tiles
