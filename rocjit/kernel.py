@@ -8,6 +8,7 @@ the general path, which checks each argument and names the parameter in its mess
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -115,6 +116,8 @@ class Kernel:
         self._shared_limit[dev] = _STATIC_SHARED_LIMIT
         if self._fast is None:
             self._build_fast_path()
+        elif self._fast:
+            self._fast_fns[dev] = self._wrap_fn(fn)
         return fn
 
     def _check_layout(self, layout):
@@ -149,14 +152,19 @@ class Kernel:
 
     # ------------------------------------------------------------------ launch syntax
     def __getitem__(self, cfg):
-        launcher = self._configured.get(cfg)
-        if launcher is None:
-            if not (isinstance(cfg, tuple) and len(cfg) == 2):
-                raise TypeError("launch with kernel[grid, block](*args): grid and block are ints or tuples")
-            g, b = _dim3(cfg[0], "grid"), _dim3(cfg[1], "block")
-            launcher = _Configured(self, g, b)
-            if len(self._configured) < 256:
+        try:
+            return self._configured[cfg]
+        except (KeyError, TypeError):   # TypeError: an unhashable grid such as a list
+            pass
+        if not (isinstance(cfg, tuple) and len(cfg) == 2):
+            raise TypeError("launch with kernel[grid, block](*args): grid and block are ints or tuples")
+        g, b = _dim3(cfg[0], "grid"), _dim3(cfg[1], "block")
+        launcher = functools.partial(self._fast, *g, *b) if self._fast else _Configured(self, g, b)
+        if len(self._configured) < 256:
+            try:
                 self._configured[cfg] = launcher
+            except TypeError:
+                pass
         return launcher
 
     def __call__(self, *args, grid, block, shared_mem: int = 0, stream=None):
@@ -258,21 +266,30 @@ class Kernel:
         """Generate a launcher specialised to this signature: torch tensors + Python scalars, no loops."""
         torch = sys.modules.get("torch")
         plat = self._plat
-        raw = getattr(plat, "launcher", None)
-        if torch is None or _debug() or raw is None or not hasattr(torch._C, "_cuda_getCurrentRawStream"):
+        fast = getattr(plat, "fast_launch", None)
+        if torch is None or _debug() or fast is None or not hasattr(torch._C, "_cuda_getCurrentRawStream"):
             self._fast = False
             return
-        self._fast_slots, self._fast_params = self._slots()
+        try:
+            launch, wrap_fn, ok = fast()
+        except ImportError:
+            self._fast = False
+            return
+        slots, params = self._fast_slots, self._fast_params = self._slots()
+        wrapped = {}
         env = {"Tensor": torch.Tensor, "get_ident": threading.get_ident, "owner": self._owner,
-               "fns": self._fns, "limits": self._shared_limit, "raw_stream": torch._C._cuda_getCurrentRawStream,
-               "launch": raw(), "params": self._fast_params, "general": self._launch_general,
+               "fns": wrapped, "limits": self._shared_limit, "raw_stream": torch._C._cuda_getCurrentRawStream,
+               "launch": launch, "OK": ok, "paddr": ctypes.addressof(params), "general": self._launch_general,
                "stream_handle": arrays.stream_handle, "multi": plat.device_count() > 1,
                "ensure_current": getattr(plat, "ensure_current", plat.set_current)}
+        self._fast_fns, self._wrap_fn = wrapped, wrap_fn
+        for dev, fn in self._fns.items():
+            wrapped[dev] = wrap_fn(fn)
         conds, sets, names = [], [], []
         for i, p in enumerate(self.params):
             a = f"a{i}"
             names.append(a)
-            env[f"s{i}"] = self._fast_slots[i]
+            env[f"s{i}"] = slots[i]
             if p.pointer:
                 dts = p.dtypes
                 conds.append(f"type({a}) is Tensor")
@@ -283,7 +300,8 @@ class Kernel:
                 align = signature.POINTEE_ALIGN.get(p.ctype, 1)
                 sets.append(f"s{i}.value = {a}.data_ptr()")
                 if align > 1:
-                    sets.append(f"if s{i}.value % {align}: return general(g, b, args, shared_mem, stream)")
+                    sets.append(f"if s{i}.value % {align}: return general((g0, g1, g2), (b0, b1, b2), args, "
+                                f"shared_mem, stream)")
             else:
                 ct = signature.SCALAR_CTYPES.get(p.ctype)
                 if ct is None or p.ctype in signature.HALF_TYPES | signature.BF16_TYPES:
@@ -302,30 +320,34 @@ class Kernel:
             self._fast = False  # nothing tells the device; the general path picks it
             return
         dev_checks = " and ".join([f"{t}.get_device() == dev" for t in tensors[1:]] +
-                                  [f"{t}.is_contiguous()" for t in tensors]) or "True"
+                                  [f"{t}.is_contiguous()" for t in tensors])
         args = ", ".join(names)
-        body = "\n".join("            " + s for s in sets)
+        unpack = f"{args}{',' if len(names) == 1 else ''} = args"
+        body = "\n".join("                " + s for s in sets)
         src = f"""
-def fast(g, b, {args}{',' if args else ''} shared_mem=0, stream=None):
-    if {' and '.join(conds + ['get_ident() == owner'])}:
-        dev = {tensors[0]}.get_device()
-        fn = fns.get(dev)
-        if fn is not None and {dev_checks} and shared_mem <= limits[dev]:
+def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
+    if len(args) == {len(names)}:
+        {unpack}
+        if {' and '.join(conds + ['get_ident() == owner'])}:
+            dev = {tensors[0]}.get_device()
+            fn = fns.get(dev)
+            if fn is not None and {dev_checks} and shared_mem <= limits[dev]:
 {body}
-            if stream is None:
-                st = raw_stream(dev)
-            elif type(stream) is int:
-                st = stream
-            else:
-                st = stream_handle(stream)
-            if multi:
-                ensure_current(dev)
-            if launch(fn, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, st, params, None) == 0:
-                return
-    return general(g, b, ({args}{',' if len(names) == 1 else ''}), shared_mem, stream)
+                if stream is None:
+                    st = raw_stream(dev)
+                elif type(stream) is int:
+                    st = stream
+                else:
+                    st = stream_handle(stream)
+                if multi:
+                    ensure_current(dev)
+                if launch(fn, g0, g1, g2, b0, b1, b2, shared_mem, st, paddr, 0)[0] is OK:
+                    return
+    return general((g0, g1, g2), (b0, b1, b2), args, shared_mem, stream)
 """
         exec(compile(src, f"<rocjit launcher {self.name}>", "exec"), env)
         self._fast = env["fast"]
+        self._configured.clear()   # later kernel[grid, block] lookups hand out the generated launcher directly
 
     def __repr__(self):
         return f"<rocjit.Kernel {self.name} from {self.module.filename}>"
@@ -342,12 +364,7 @@ class _Configured:
         k = self.kernel
         fast = k._fast
         if fast:
-            try:
-                return fast(self.grid, self.block, *args, shared_mem=shared_mem, stream=stream)
-            except TypeError:
-                if len(args) == len(k.params):
-                    raise
-                # wrong argument count: the general path names the parameters
+            return fast(*self.grid, *self.block, *args, shared_mem=shared_mem, stream=stream)
         return k._launch_general(self.grid, self.block, args, shared_mem, stream)
 
 

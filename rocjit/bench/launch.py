@@ -94,16 +94,16 @@ def run(argv) -> dict:
             ctypes.c_int(1024)]
     params = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in vals])
     stream = torch.cuda.current_stream().cuda_stream
-    raw = plat.launcher()
-    raw_ctypes = host_us_per_call(lambda: raw(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, None), sync, n=n)
-    peers = {"cuLaunchKernel_ctypes": raw_ctypes}
-    try:
-        from cuda.bindings import driver
-        cfn, cst, paddr = driver.CUfunction(fn), driver.CUstream(stream), ctypes.addressof(params)
-        peers["cuLaunchKernel_cuda_bindings"] = host_us_per_call(
-            lambda: driver.cuLaunchKernel(cfn, 1, 1, 1, 32, 1, 1, 0, cst, paddr, 0), sync, n=n)
-    except Exception as e:
-        print(f"cuda-bindings peer skipped: {e}", file=sys.stderr)
+    raw = plat._drv().cuLaunchKernel
+    assert raw(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, None) == 0, "raw ctypes launch failed"
+    peers = {"cuLaunchKernel_ctypes": host_us_per_call(
+        lambda: raw(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, None), sync, n=n)}
+    from cuda.bindings import driver
+    cfn, cst, paddr = driver.CUfunction(fn), driver.CUstream(stream), ctypes.addressof(params)
+    err = driver.cuLaunchKernel(cfn, 1, 1, 1, 32, 1, 1, 0, cst, paddr, 0)[0]
+    assert err == driver.CUresult.CUDA_SUCCESS, f"raw cuda-bindings launch failed: {err}"
+    peers["cuLaunchKernel_cuda_bindings"] = host_us_per_call(
+        lambda: driver.cuLaunchKernel(cfn, 1, 1, 1, 32, 1, 1, 0, cst, paddr, 0), sync, n=n)
     try:
         import cupy
         ck = cupy.RawKernel(EMPTY.replace("#include <hip/hip_runtime.h>", 'extern "C"'), "empty4")

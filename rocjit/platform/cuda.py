@@ -292,9 +292,12 @@ def launch(fn, grid, block, shared_mem, stream, kernel_params) -> int:
                                  shared_mem, stream, kernel_params, None)
 
 
-def launcher():
-    """The raw ctypes cuLaunchKernel, for the kernel hot path."""
-    return _drv().cuLaunchKernel
+def fast_launch():
+    """(launch, wrap_function, success) for generated launchers: cuda-bindings' cuLaunchKernel is a compiled call,
+    measured cheaper than the same call through ctypes. It takes (function, gx, gy, gz, bx, by, bz, shared_mem,
+    stream_int, params_address, 0) and returns a tuple whose first item is `success` on success."""
+    from cuda.bindings import driver
+    return driver.cuLaunchKernel, driver.CUfunction, driver.CUresult.CUDA_SUCCESS
 
 
 # ----------------------------------------------------------------------------- memory (staging)
