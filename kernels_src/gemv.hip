@@ -1,0 +1,220 @@
+// Portable GEMV / small-batch GEMM: out[b, n] = sum_k W[n, k] x[b, k] for b < B <= MB.
+//
+// P threads share one weight row (a "dot team"): each reads 16 bytes of the row at a time
+// (8 f16/bf16, 16 int8/fp8 or 32 int4 values), dequantizes in registers, multiplies with the
+// matching activations of every batch row in fp32, and the team sums with xor shuffles.
+// A block holds ROWS teams. Runs on every target (no matrix instructions); it is the GEMV
+// path for quantized weights and the fallback of skinny_gemm.hip.
+//
+// Weight formats (one 16-byte chunk = `per16` values):
+//   f16/bf16       plain
+//   i8             per-row scale:   W[n, k] = q * scale[n]
+//   i4             two per byte, low nibble first (k even in bits 0-3); group-wise scale and
+//                  zero point, G in {32, 64, 128}: W[n, k] = (q - zero[n, k/G]) * scale[n, k/G]
+//   e4m3 / e4m3fnuz  W = q * scale_w[0 or n] * scale_a[0] (per-tensor or per-channel)
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#include <hip/hip_bf16.h>
+
+#if defined(__AMDGCN__)
+#define GEMV_WAVE 64
+#else
+#define GEMV_WAVE 32
+#endif
+
+namespace gemv {
+
+// ---- scalar conversions to fp32 ----
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__hip_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(float v) { return v; }
+
+template <class T> __device__ __forceinline__ void store(T* p, float v);
+template <> __device__ __forceinline__ void store<float>(float* p, float v) { *p = v; }
+template <> __device__ __forceinline__ void store<__half>(__half* p, float v) { *p = __float2half_rn(v); }
+template <> __device__ __forceinline__ void store<__hip_bfloat16>(__hip_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+
+// Two packed 16-bit values -> two floats.
+__device__ __forceinline__ float2 unpack2(unsigned v, __half) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+__device__ __forceinline__ float2 unpack2(unsigned v, __hip_bfloat16) {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));  // bf16 = top half of fp32
+}
+
+// e4m3 byte -> float, exactly: the 7 exponent+mantissa bits go into an f16's and the bias
+// difference becomes a power-of-two scale (2^8 for OCP e4m3fn, 2^7 for e4m3fnuz).
+template <bool FNUZ>
+__device__ __forceinline__ float fp8_to_float(unsigned b) {
+    unsigned short bits = (unsigned short)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7));
+    return __half2float(*reinterpret_cast<const __half*>(&bits)) * (FNUZ ? 128.f : 256.f);
+}
+
+// Signed int8 / unsigned int4 -> float through the 2^23 magic number (integer ops + one FADD).
+__device__ __forceinline__ float i8_to_float(unsigned byte) {
+    return __uint_as_float(0x4B000000u | (byte ^ 0x80u)) - 8388736.f;   // 2^23 + 128
+}
+__device__ __forceinline__ float u4_minus(unsigned nib, float magic_plus_zero) {
+    return __uint_as_float(0x4B000000u | nib) - magic_plus_zero;         // exact for small ints
+}
+
+// ---- weight kinds ----
+struct w_f16 { typedef __half storage; static constexpr int per16 = 8; };
+struct w_bf16 { typedef __hip_bfloat16 storage; static constexpr int per16 = 8; };
+struct w_i8 { typedef signed char storage; static constexpr int per16 = 16; };
+struct w_i4 { typedef unsigned char storage; static constexpr int per16 = 32; };  // values per 16 bytes
+struct w_e4m3 { typedef unsigned char storage; static constexpr int per16 = 16; static constexpr bool fnuz = false; };
+struct w_e4m3fnuz { typedef unsigned char storage; static constexpr int per16 = 16; static constexpr bool fnuz = true; };
+
+// Activation chunks: E values of x starting at p, as floats (16-bit types or fp8 bytes).
+template <class XT, int E>
+__device__ __forceinline__ void load_x(const XT* p, float (&xf)[E]) {
+#pragma unroll
+    for (int i = 0; i < E / 8; ++i) {
+        uint4 v = *reinterpret_cast<const uint4*>(p + 8 * i);
+        float2 f0 = unpack2(v.x, XT()), f1 = unpack2(v.y, XT()), f2 = unpack2(v.z, XT()), f3 = unpack2(v.w, XT());
+        xf[8 * i + 0] = f0.x; xf[8 * i + 1] = f0.y; xf[8 * i + 2] = f1.x; xf[8 * i + 3] = f1.y;
+        xf[8 * i + 4] = f2.x; xf[8 * i + 5] = f2.y; xf[8 * i + 6] = f3.x; xf[8 * i + 7] = f3.y;
+    }
+}
+template <bool FNUZ, int E>
+__device__ __forceinline__ void load_x_fp8(const unsigned char* p, float (&xf)[E]) {
+    uint4 v = *reinterpret_cast<const uint4*>(p);
+    const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) xf[i] = fp8_to_float<FNUZ>((words[i / 4] >> (8 * (i % 4))) & 0xFFu);
+}
+
+template <class XT, class WK> struct x_loader {
+    template <int E> __device__ static void load(const XT* p, float (&xf)[E]) { load_x<XT, E>(p, xf); }
+};
+template <class WK> struct x_loader<unsigned char, WK> {   // fp8 activations go with fp8 weights
+    template <int E> __device__ static void load(const unsigned char* p, float (&xf)[E]) {
+        load_x_fp8<WK::fnuz, E>(p, xf);
+    }
+};
+
+// Dequantize one 16-byte chunk of weights into E floats (int4: minus the zero point; the group
+// scale is applied to the chunk's dot product, since a chunk never straddles a group).
+template <class WK, int E> struct dequant;
+template <int E> struct dequant<w_f16, E> {
+    __device__ static void run(uint4 v, float (&wf)[E], float) {
+        const unsigned r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { float2 f = unpack2(r[i], __half()); wf[2 * i] = f.x; wf[2 * i + 1] = f.y; }
+    }
+};
+template <int E> struct dequant<w_bf16, E> {
+    __device__ static void run(uint4 v, float (&wf)[E], float) {
+        const unsigned r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { float2 f = unpack2(r[i], __hip_bfloat16()); wf[2 * i] = f.x; wf[2 * i + 1] = f.y; }
+    }
+};
+template <int E> struct dequant<w_i8, E> {
+    __device__ static void run(uint4 v, float (&wf)[E], float) {
+        const unsigned r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) wf[i] = i8_to_float((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
+    }
+};
+template <int E> struct dequant<w_i4, E> {
+    __device__ static void run(uint4 v, float (&wf)[E], float zero) {
+        const unsigned r[4] = {v.x, v.y, v.z, v.w};
+        const float mz = 8388608.f + zero;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) wf[i] = u4_minus((r[i / 8] >> (4 * (i % 8))) & 0xFu, mz);
+    }
+};
+template <int E> struct dequant<w_e4m3, E> {
+    __device__ static void run(uint4 v, float (&wf)[E], float) {
+        const unsigned r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<false>((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
+    }
+};
+template <int E> struct dequant<w_e4m3fnuz, E> {
+    __device__ static void run(uint4 v, float (&wf)[E], float) {
+        const unsigned r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<true>((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
+    }
+};
+
+template <class WK> struct is_i4 { static constexpr bool value = false; };
+template <> struct is_i4<w_i4> { static constexpr bool value = true; };
+
+}  // namespace gemv
+
+// XT: activation type (__half, __hip_bfloat16, or unsigned char for fp8 with fp8 weights);
+// WK: weight kind; ST: type of w_scale / w_zero (float or XT); OT: output type.
+// P threads per row (a power of two <= wave size), ROWS rows per block, MB >= B batch rows,
+// UNROLL 16-byte weight loads in flight per thread.
+// w_scale: int8 [N]; int4 [N, K/G] (+ w_zero [N, K/G]); fp8 [1] or [N] (w_scale_per_row).
+// scale_a: fp8 activations' per-tensor scale [1] or nullptr.
+template <class XT, class WK, class ST, class OT, int P, int ROWS, int MB, int UNROLL>
+__launch_bounds__(P * ROWS) __global__ void
+gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x, OT* __restrict__ out,
+            const ST* __restrict__ w_scale, const ST* __restrict__ w_zero, int group_size, int w_scale_per_row,
+            const float* __restrict__ scale_a, int N, int K, int B) {
+    using namespace gemv;
+    constexpr int E = WK::per16;
+    const int team = threadIdx.x / P, lp = threadIdx.x % P;
+    const int n = blockIdx.x * ROWS + team;
+    const bool row_live = n < N;
+    const typename WK::storage* wrow = w + (size_t)(row_live ? n : 0) * (is_i4<WK>::value ? K / 2 : K);
+    const int nchunks = K / E;
+    const int groups = is_i4<WK>::value ? K / group_size : 1;
+
+    float acc[MB];
+#pragma unroll
+    for (int b = 0; b < MB; ++b) acc[b] = 0.f;
+
+    for (int c0 = lp; c0 < nchunks; c0 += P * UNROLL) {
+        uint4 wv[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int c = c0 + u * P;
+            wv[u] = (row_live && c < nchunks) ? reinterpret_cast<const uint4*>(wrow)[c] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int c = c0 + u * P;
+            if (c >= nchunks) break;
+            float zero = 0.f, gscale = 1.f;
+            if (is_i4<WK>::value && row_live) {
+                const size_t g = (size_t)n * groups + (size_t)c * E / group_size;
+                zero = to_float(w_zero[g]);
+                gscale = to_float(w_scale[g]);
+            }
+            float wf[E];
+            dequant<WK, E>::run(wv[u], wf, zero);
+#pragma unroll
+            for (int b = 0; b < MB; ++b) {
+                if (b >= B) break;
+                float xf[E];
+                x_loader<XT, WK>::template load<E>(x + (size_t)b * K + (size_t)c * E, xf);
+                float d = 0.f;
+#pragma unroll
+                for (int i = 0; i < E; ++i) d = fmaf(wf[i], xf[i], d);
+                acc[b] = is_i4<WK>::value ? fmaf(gscale, d, acc[b]) : acc[b] + d;
+            }
+        }
+    }
+
+    // Team reduction: xor butterfly inside the P lanes (fixed order, every lane ends with the sum).
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int off = P / 2; off > 0; off >>= 1) acc[b] += __shfl_xor(acc[b], off, P);
+
+    if (lp != 0 || !row_live) return;
+    float s = 1.f;
+    if (!is_i4<WK>::value && w_scale) s = to_float(w_scale[w_scale_per_row ? n : 0]);
+    if (scale_a) s *= scale_a[0];
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+        if (b >= B) break;
+        store<OT>(out + (size_t)b * N + n, acc[b] * s);
+    }
+}

@@ -1,0 +1,228 @@
+"""Skinny GEMM for decode: C[M, N] = A[M, K] . W[N, K]^T with M <= 32, FP8 (e4m3) or bf16/fp16.
+
+    c = rocjit.ops.skinny_gemm(a, w)                                   # bf16 / fp16
+    c = rocjit.ops.skinny_gemm(a8, w8, scale_a=sa, scale_w=sw)         # FP8, C = (A W^T) * sa * sw
+
+FP8 scales are float32 device tensors: `scale_a` one element (per tensor), `scale_w` one element or
+N (per output channel). Matrix-core kernel (skinny_gemm.hip) on NVIDIA sm_89+ and AMD CDNA, the
+portable kernel (gemv.hip) elsewhere; split-K reductions run in a fixed order (deterministic).
+Configs come from rocjit.tune (tuned once per shape bucket, then persisted).
+"""
+from __future__ import annotations
+
+import functools
+
+from rocjit import tune
+
+MAX_M = 32
+_SRC = "skinny_gemm.hip"
+_GEMV_SRC = "gemv.hip"
+
+
+# ----------------------------------------------------------------------------- device facts
+@functools.lru_cache(maxsize=None)
+def _device(dev: int) -> tuple[str, str, int]:
+    """(target, name, multiprocessor count) of a device."""
+    from rocjit import platform
+    plat = platform.get()
+    attrs = plat.device_attributes(dev)
+    sms = attrs.get("sm_count") or attrs.get("cu_count") or attrs.get("multiprocessor_count") or 100
+    return plat.device_target(dev), plat.device_name(dev), int(sms)
+
+
+def has_matrix_path(target: str, fp8: bool) -> bool:
+    """mma.sync needs sm_80 (bf16/f16) / sm_89 (e4m3); MFMA needs CDNA (gfx90a+; fp8 natively on gfx942/950)."""
+    if target.startswith("sm_"):
+        cc = int("".join(ch for ch in target[3:] if ch.isdigit()))
+        return cc >= (89 if fp8 else 80)
+    return target.startswith(("gfx90a", "gfx94", "gfx95"))
+
+
+@functools.lru_cache(maxsize=None)
+def _module(src: str):
+    import rocjit
+    return rocjit.Module(src)
+
+
+def _kernel(src: str, name: str):
+    return _module(src)[name]
+
+
+# ----------------------------------------------------------------------------- type names
+def _elem_kind(dtype) -> str:
+    import torch
+    if dtype == torch.bfloat16:
+        return "skinny::bf16_t"
+    if dtype == torch.float16:
+        return "skinny::f16_t"
+    return "skinny::e4m3_t"
+
+
+def ctype(dtype) -> str:
+    import torch
+    return {torch.bfloat16: "__hip_bfloat16", torch.float16: "__half", torch.float32: "float"}[dtype]
+
+
+def _is_fp8(dtype) -> bool:
+    import torch
+    return dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e4m3fnuz", None))
+
+
+# ----------------------------------------------------------------------------- configs
+def mma_candidates(M: int, N: int, K: int, sms: int) -> list[dict]:
+    """Matrix-core configs worth timing: rows per warp (MT tiles of 16), warps splitting K in a block,
+    k-blocks in flight, and grid split-K (only where the row tiles alone leave the GPU idle)."""
+    out = []
+    for mt, wk, un in ((1, 4, 4), (1, 8, 2), (1, 8, 4), (2, 4, 2), (2, 8, 2)):
+        if M > 16 and mt * wk * un > 16:
+            continue                                    # keep registers in check at NT = 4
+        blocks = -(-N // (16 * mt))
+        for splits in (1, 2, 4, 8):
+            if splits > 1 and blocks * splits > 8 * sms:
+                break
+            out.append({"path": "mma", "mt": mt, "warps_k": wk, "unroll": un, "splits": splits})
+    return out
+
+
+def mma_default(M: int, N: int, K: int, sms: int) -> dict:
+    blocks = -(-N // 16)
+    splits = 1
+    while splits < 8 and blocks * splits < 2 * sms:
+        splits *= 2
+    return {"path": "mma", "mt": 1, "warps_k": 8, "unroll": 2 if M > 8 else 4, "splits": splits}
+
+
+def portable_candidates(M: int) -> list[dict]:
+    return [{"path": "portable", "p": p, "rows": r, "unroll": u}
+            for p, r, u in ((32, 4, 2), (16, 8, 2), (8, 16, 2))]
+
+
+def _m_tiles(M: int, target: str) -> int:
+    rows = 8 if target.startswith("sm_") else 16       # activation rows per matrix instruction
+    return -(-M // rows)
+
+
+def _mb(M: int) -> int:
+    return 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8 if M <= 8 else 16 if M <= 16 else 32
+
+
+# ----------------------------------------------------------------------------- launches
+def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, target: str, wave: int):
+    """C = A W^T (* scales) with skinny_gemm_kernel; split-K partials reduced by skinny_splitk_reduce."""
+    import torch
+    nt = _m_tiles(M, target)
+    mt, wk, un, splits = cfg["mt"], cfg["warps_k"], cfg["unroll"], cfg["splits"]
+    per16 = 16 // a.element_size()
+    nkb = -(-K // (4 * per16))
+    kb_per_split = -(-nkb // splits)
+    splits = -(-nkb // kb_per_split)
+    per_row = int(scale_w is not None and scale_w.numel() > 1)
+    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}>"
+    grid = (-(-N // (16 * mt)), splits)
+    k = _kernel(_SRC, name)
+    if splits == 1:
+        k[grid, wk * wave](a, w, out, None, scale_a, scale_w, per_row, M, N, K, kb_per_split)
+        return out
+    partial = torch.empty((splits, M, N), dtype=torch.float32, device=a.device)
+    k[grid, wk * wave](a, w, out, partial, scale_a, scale_w, per_row, M, N, K, kb_per_split)
+    r = _kernel(_SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}>")
+    r[-(-(M * N) // 256), 256](partial, out, scale_a, scale_w, per_row, M, N, splits)
+    return out
+
+
+def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, per_row: int, scale_a,
+                    st: str, M: int, N: int, K: int, cfg: dict):
+    """gemv.hip's portable kernel: cfg p threads per row, rows per block, unroll."""
+    p, rows, un = cfg["p"], cfg["rows"], cfg["unroll"]
+    name = f"gemv_kernel<{xt}, {wk}, {st}, {ctype(out.dtype)}, {p}, {rows}, {_mb(M)}, {un}>"
+    _kernel(_GEMV_SRC, name)[-(-N // rows), p * rows](w, x, out, w_scale, w_zero, group_size, per_row, scale_a,
+                                                      N, K, M)
+    return out
+
+
+# ----------------------------------------------------------------------------- the op
+def _check(a, w, scale_a, scale_w, out_dtype, out):
+    import torch
+    if not (isinstance(a, torch.Tensor) and isinstance(w, torch.Tensor)):
+        raise TypeError(f"skinny_gemm: a and w must be torch tensors, got {type(a).__name__} and {type(w).__name__}")
+    if a.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"skinny_gemm: expected a [M, K] and w [N, K], got shapes {tuple(a.shape)} and {tuple(w.shape)}")
+    M, K = a.shape
+    N = w.shape[0]
+    if w.shape[1] != K:
+        raise ValueError(f"skinny_gemm: a is [M={M}, K={K}] but w is {tuple(w.shape)}; w must be [N, K={K}]")
+    if M > MAX_M:
+        raise ValueError(f"skinny_gemm handles M <= {MAX_M} rows of a (decode batches); got M={M}. Use a general "
+                         f"GEMM for larger M: torch.matmul(a, w.t()) or torch._scaled_mm for FP8")
+    if M < 1 or N < 1:
+        raise ValueError(f"skinny_gemm: empty problem M={M}, N={N}")
+    if K % 16:
+        raise ValueError(f"skinny_gemm: K={K} must be a multiple of 16 (16-byte weight loads)")
+    if a.dtype != w.dtype:
+        raise TypeError(f"skinny_gemm: a and w must share a dtype, got {a.dtype} and {w.dtype}")
+    fp8 = _is_fp8(a.dtype)
+    if not fp8 and a.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"skinny_gemm: dtype must be float8_e4m3fn / float8_e4m3fnuz, bfloat16 or float16, got {a.dtype}")
+    if a.device != w.device or a.device.type != "cuda":
+        raise ValueError(f"skinny_gemm: a and w must be on the same GPU, got {a.device} and {w.device}")
+    for nm, s, allowed in (("scale_a", scale_a, (1,)), ("scale_w", scale_w, (1, N))):
+        if s is None:
+            continue
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.device != a.device:
+            raise TypeError(f"skinny_gemm: {nm} must be a float32 tensor on {a.device} (no host sync in a decode step)")
+        if s.numel() not in allowed:
+            raise ValueError(f"skinny_gemm: {nm} must have {' or '.join(map(str, allowed))} elements, got {s.numel()}")
+    od = out_dtype if out_dtype is not None else (torch.bfloat16 if fp8 else a.dtype)
+    if od not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"skinny_gemm: out_dtype must be bfloat16, float16 or float32, got {od}")
+    if out is not None:
+        if out.shape != (M, N) or out.dtype != od or out.device != a.device or not out.is_contiguous():
+            raise ValueError(f"skinny_gemm: out must be a contiguous {od} tensor of shape ({M}, {N}) on {a.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+    return M, N, K, fp8, od
+
+
+def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8):
+    """The tuned (or default) config of this problem and the function that runs it."""
+    target, devname, sms = _device(a.device.index or 0)
+    wave = 32 if target.startswith("sm_") else 64
+    if has_matrix_path(target, fp8):
+        cands, default = mma_candidates(M, N, K, sms), mma_default(M, N, K, sms)
+    else:
+        cands, default = portable_candidates(M), portable_candidates(M)[0]
+
+    def run(cfg):
+        if cfg["path"] == "mma":
+            return launch_mma(a, w, out, scale_a, scale_w, M, N, K, cfg, target, wave)
+        xt = "unsigned char" if fp8 else ctype(a.dtype)
+        wk = ("gemv::w_e4m3fnuz" if "fnuz" in str(a.dtype) else "gemv::w_e4m3") if fp8 else \
+            ("gemv::w_bf16" if "bfloat16" in str(a.dtype) else "gemv::w_f16")
+        per_row = int(scale_w is not None and scale_w.numel() > 1)
+        return launch_portable(a, xt, wk, w, out, scale_w, None, 0, per_row, scale_a, "float", M, N, K, cfg)
+
+    cfg = tune.pick("skinny_gemm", bucket=tune.bucket(m=M, n=N, k=K), dtype=str(a.dtype).replace("torch.", ""),
+                    device=devname, src_hash=_src_hash(), candidates=cands, default=default,
+                    bench=lambda c: tune.time_gpu(lambda: run(c)))
+    return cfg, run
+
+
+@functools.lru_cache(maxsize=1)
+def _src_hash() -> str:
+    from rocjit.compiler import kernels_src_dir
+    return tune.source_hash(kernels_src_dir() / _SRC, kernels_src_dir() / _GEMV_SRC)
+
+
+def skinny_gemm(a, w, *, scale_a=None, scale_w=None, out_dtype=None, out=None):
+    """C = A W^T for A [M <= 32, K], W [N, K] (K % 16 == 0). FP8: C = (A W^T) * scale_a * scale_w
+    with float32 scales (scale_a 1 element, scale_w 1 or N); out_dtype defaults to bfloat16 for FP8 and
+    to the input dtype otherwise. Deterministic (fixed-order split-K)."""
+    import torch
+    M, N, K, fp8, od = _check(a, w, scale_a, scale_w, out_dtype, out)
+    a = a.contiguous()
+    if not w.is_contiguous():
+        raise ValueError("skinny_gemm: w must be contiguous (row-major [N, K]); copying weights per call is not free")
+    if out is None:
+        out = torch.empty((M, N), dtype=od, device=a.device)
+    cfg, run = config_for(a, w, out, scale_a, scale_w, M, N, K, fp8)
+    run(cfg)
+    return out

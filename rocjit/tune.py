@@ -1,0 +1,219 @@
+"""Autotuner: benchmark an op's candidate configs once, persist the winner, reuse it everywhere.
+
+A winner is stored per (op, shape bucket, dtype, device name, kernel-source hash) in
+``<cache dir>/tune.json`` beside the code-object cache. Writers take a file lock, merge with what
+other processes wrote meanwhile and publish atomically (temp file + ``os.replace``), so concurrent
+processes never lose or tear entries; later processes read the file and do not tune again.
+
+Where no tuned entry exists yet:
+- ``ROCJIT_AUTOTUNE=0`` -> the shipped default (``tune_defaults.json`` in the package, tuned on an
+  H100) for this (op, bucket, dtype, device), else the op's built-in default; nothing is benchmarked;
+- inside CUDA/HIP graph capture -> the same defaults (benchmarking would launch work into the graph);
+- otherwise every candidate is timed (a tqdm bar shows progress) and the fastest is persisted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+FILE_NAME = "tune.json"
+SHIPPED = Path(__file__).with_name("tune_defaults.json")
+_SCHEMA = 1
+
+_memory: dict[str, dict] = {}
+_lock = threading.Lock()
+_shipped_cache: dict | None = None
+
+
+# ----------------------------------------------------------------------------- keys
+def pow2_bucket(n: int) -> int:
+    """The power of two at or above n (shapes in one bucket share a tuned config)."""
+    return 1 << max(0, math.ceil(math.log2(max(1, int(n)))))
+
+
+def bucket(**dims: int) -> str:
+    """'m8_n16384_k8192' from m=5, n=13312, k=6656 (each dimension rounded up to a power of two)."""
+    return "_".join(f"{k}{pow2_bucket(v)}" for k, v in dims.items())
+
+
+def source_hash(*paths_or_texts) -> str:
+    """Short hash of kernel sources (file paths or text): a changed kernel invalidates its tuned entries."""
+    h = hashlib.sha256()
+    for p in paths_or_texts:
+        data = Path(p).read_bytes() if isinstance(p, Path) or (isinstance(p, str) and os.path.isfile(p)) \
+            else str(p).encode()
+        h.update(hashlib.sha256(data).digest())
+    return h.hexdigest()[:16]
+
+
+def entry_key(op: str, bucket_: str, dtype: str, device: str, src_hash: str) -> str:
+    return "|".join((op, bucket_, dtype, device, src_hash))
+
+
+def _shipped_key(op: str, bucket_: str, dtype: str, device: str) -> str:
+    return "|".join((op, bucket_, dtype, device))
+
+
+# ----------------------------------------------------------------------------- storage
+def tune_file() -> Path:
+    try:
+        from rocjit.cache import cache_dir
+        root = cache_dir()
+    except ImportError:                                   # pragma: no cover - cache module always ships
+        root = Path(os.environ.get("ROCJIT_CACHE_DIR") or Path.home() / ".cache" / "rocjit")
+        root.mkdir(parents=True, exist_ok=True)
+    return Path(root) / FILE_NAME
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        import warnings
+        warnings.warn(f"rocjit.tune: ignoring unreadable tuning file {path}; it will be rewritten")
+        return {}
+    if not isinstance(data, dict) or data.get("schema") != _SCHEMA or not isinstance(data.get("entries"), dict):
+        return {}
+    return data["entries"]
+
+
+def load_entries() -> dict:
+    """All persisted winners: {entry key: {"config": ..., "us": ...}}."""
+    return _read(tune_file())
+
+
+def _publish(key: str, record: dict) -> None:
+    """Merge one winner into the tuning file under a lock; atomic replace so readers never see half a file."""
+    from filelock import FileLock
+    path = tune_file()
+    with FileLock(str(path) + ".lock"):
+        entries = _read(path)
+        entries[key] = record
+        fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".tune-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"schema": _SCHEMA, "entries": entries}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+def shipped_defaults() -> dict:
+    global _shipped_cache
+    if _shipped_cache is None:
+        try:
+            _shipped_cache = json.loads(SHIPPED.read_text()).get("entries", {})
+        except (OSError, ValueError):
+            _shipped_cache = {}
+    return _shipped_cache
+
+
+def clear_memory() -> None:
+    """Forget winners held in this process (tests; after editing the tuning file by hand)."""
+    with _lock:
+        _memory.clear()
+
+
+# ----------------------------------------------------------------------------- policy
+def enabled() -> bool:
+    return os.environ.get("ROCJIT_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def capturing() -> bool:
+    """True inside CUDA/HIP graph capture on torch's current stream (nothing may be benchmarked then)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:                                     # pragma: no cover - exotic torch builds
+        return False
+
+
+def _same(a: dict, b: dict) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _valid(cfg, candidates) -> bool:
+    return isinstance(cfg, dict) and any(_same(cfg, c) for c in candidates)
+
+
+def default_config(op: str, bucket_: str, dtype: str, device: str, candidates: Sequence[dict], default: dict) -> dict:
+    """Shipped default for this key when it is one of today's candidates, else the built-in one."""
+    rec = shipped_defaults().get(_shipped_key(op, bucket_, dtype, device))
+    cfg = rec.get("config") if isinstance(rec, dict) else None
+    return dict(cfg) if _valid(cfg, candidates) else dict(default)
+
+
+def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candidates: Sequence[dict],
+         default: dict, bench: Callable[[dict], float], progress: bool = True) -> dict:
+    """The config to run `op` with. `bench(cfg)` returns seconds (lower wins; raise to reject a config).
+
+    Looks in this process's memory, then the tuning file; tunes and persists on a miss, except when
+    autotuning is off or a graph is being captured (then the shipped / built-in default is used)."""
+    candidates = [dict(c) for c in candidates]
+    if not candidates:
+        raise ValueError(f"rocjit.tune.pick({op!r}): no candidate configs")
+    key = entry_key(op, bucket, dtype, device, src_hash)
+    with _lock:
+        hit = _memory.get(key)
+    if hit is not None:
+        return dict(hit)
+    rec = load_entries().get(key)
+    if isinstance(rec, dict) and _valid(rec.get("config"), candidates):
+        with _lock:
+            _memory[key] = dict(rec["config"])
+        return dict(rec["config"])
+    fallback = default_config(op, bucket, dtype, device, candidates, default)
+    if not enabled() or capturing():
+        return fallback        # not remembered: a later eager call may still tune
+    best, best_t, times = None, math.inf, {}
+    it = candidates
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(candidates, desc=f"rocjit: tuning {op} {bucket} {dtype}", leave=False, file=sys.stderr)
+    for cfg in it:
+        try:
+            t = float(bench(cfg))
+        except Exception as e:                               # a config that cannot run loses
+            times[json.dumps(cfg, sort_keys=True)] = f"failed: {type(e).__name__}"
+            continue
+        times[json.dumps(cfg, sort_keys=True)] = t
+        if t < best_t:
+            best, best_t = cfg, t
+    if best is None:
+        raise RuntimeError(f"rocjit.tune: every candidate of {op} {bucket} {dtype} failed: {times}")
+    _publish(key, {"config": best, "us": round(best_t * 1e6, 3), "candidates": len(candidates),
+                   "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    with _lock:
+        _memory[key] = dict(best)
+    return dict(best)
+
+
+# ----------------------------------------------------------------------------- timing helper
+def time_gpu(fn: Callable[[], None], *, warmup: int = 3, reps: int = 20) -> float:
+    """Median seconds of fn() on the GPU, timed with torch CUDA events on the current stream."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return ms[len(ms) // 2] * 1e-3
