@@ -52,6 +52,7 @@ SCALAR_CTYPES = {
 HALF_TYPES = {"__half", "half", "_Float16"}
 BF16_TYPES = {"__hip_bfloat16", "hip_bfloat16", "__nv_bfloat16", "__bf16"}
 
+_ATTRIBUTES = {"__launch_bounds__", "__attribute__", "__declspec", "alignas", "__maxnreg__"}
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "__grid_constant__"}
 
 
@@ -125,22 +126,34 @@ def _parse_param(text: str, index: int, subst: dict) -> Param:
     return Param(name, base, pointer, const, t)
 
 
+def _skip_parens(src: str, i: int) -> int:
+    """Index just past the ')' closing the '(' that ends right before `i`."""
+    depth = 1
+    while i < len(src) and depth:
+        depth += {"(": 1, ")": -1}.get(src[i], 0)
+        i += 1
+    return i
+
+
 def find_kernel(source: str, name: str | None):
     """[(kernel name, template prefix, param text)] for __global__ functions (all, or the one named)."""
     src = _strip_comments(source)
     out = []
     for m in re.finditer(r"__global__", src):
-        tail = src[m.end():]
-        sig = re.match(r"((?:[^;{}()]|\([^()]*\))*?)\b([A-Za-z_]\w*)\s*\(", tail)
-        if not sig:
+        pos, kname = m.end(), None
+        while True:   # the first `identifier (` that is not an attribute such as __launch_bounds__(256)
+            sig = re.compile(r"[^;{}()]*?\b([A-Za-z_]\w*)\s*\(").match(src, pos)
+            if not sig:
+                break
+            if sig.group(1) in _ATTRIBUTES:
+                pos = _skip_parens(src, sig.end())
+                continue
+            kname = sig.group(1)
+            break
+        if kname is None:
             continue
-        kname = sig.group(2)
-        start = m.end() + sig.end()
-        depth, i = 1, start
-        while i < len(src) and depth:
-            depth += {"(": 1, ")": -1}.get(src[i], 0)
-            i += 1
-        params = src[start:i - 1]
+        start = sig.end()
+        params = src[start:_skip_parens(src, start) - 1]
         prefix = src[max(0, m.start() - 400):m.start()]
         prefix = prefix.split(";")[-1].split("}")[-1]
         if name is None or kname == name:

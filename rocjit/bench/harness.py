@@ -231,19 +231,50 @@ def plot(result: dict, path: str) -> None:
 
 
 # ----------------------------------------------------------------------------- CLI
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100': the results folder for a GPU."""
+    import re
+    m = re.search(r"\b(h100|h200|h20|b200|gb200|a100|l40s?|mi\d{3}x?|rtx\s?\d{4})\b", name.lower())
+    return (m.group(1) if m else re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")).replace(" ", "")
+
+
+def _run_suite(suite: str, rest, quick: bool, json_path: str | None) -> dict:
+    mod = importlib.import_module(f"rocjit.bench.{suite}")
+    result = mod.run(list(rest) + (["--quick"] if quick else []))
+    print(format_table(result))
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1))
+        if suite != "launch" and result["rows"]:
+            plot(result, str(Path(json_path).with_suffix(".png")))
+        print(f"wrote {json_path}")
+    return result
+
+
 def main(argv) -> int:
     ap = argparse.ArgumentParser(prog="python -m rocjit bench", description="Run a benchmark suite on the GPU.")
-    ap.add_argument("suite", choices=SUITES)
-    ap.add_argument("--json", help="write the result JSON here (a PNG plot is written beside it)")
+    ap.add_argument("suite", choices=SUITES + ("all",))
+    ap.add_argument("--json", help="write the result JSON here (a PNG plot is written beside it); with `all`, "
+                                   "a directory (default benchmarks/results/<gpu>/)")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and repetitions (smoke run)")
     args, rest = ap.parse_known_args(argv)
-    mod = importlib.import_module(f"rocjit.bench.{args.suite}")
-    result = mod.run(rest + (["--quick"] if args.quick else []))
-    print(format_table(result))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
-        if args.suite != "launch" and result["rows"]:
-            plot(result, str(Path(args.json).with_suffix(".png")))
-        print(f"wrote {args.json}")
-    return 0
+    if args.suite != "all":
+        _run_suite(args.suite, rest, args.quick, args.json)
+        return 0
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        print("bench all: no GPU visible to torch; benchmarks skipped")
+        return 0
+    out = Path(args.json or Path("benchmarks") / "results" / gpu_slug(torch.cuda.get_device_name(0)))
+    failed = []
+    for suite in SUITES:
+        try:
+            _run_suite(suite, rest, args.quick, str(out / f"{suite}.json"))
+        except Exception as e:   # one broken suite must not hide the others' numbers
+            print(f"suite {suite} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            failed.append(suite)
+    return 1 if failed else 0

@@ -1,0 +1,34 @@
+"""The wheel is pure Python, ships kernels_src/ inside the package, and works from another directory."""
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_ships_kernel_sources_and_runs_elsewhere(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(wheels), str(ROOT)], check=True, capture_output=True, text=True)
+    (whl,) = wheels.glob("rocjit-*.whl")
+    assert whl.name.endswith("-py3-none-any.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    assert "rocjit/kernels_src/rocjit/platform.h" in names
+    assert "rocjit/kernels_src/cuda_shim/hip/hip_runtime.h" in names
+    assert any(n.startswith("rocjit/kernels_src/") and n.endswith(".hip") for n in names)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(whl)],
+                   check=True, capture_output=True, text=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = ("import rocjit, pathlib; d = rocjit.kernels_src_dir(); print(d); "
+            "src = next(p for p in sorted(d.glob('*.hip'))); "
+            "co = rocjit.compile('#include <hip/hip_runtime.h>\\n#include \"rocjit/warp.h\"\\n__global__ void k(){}\\n',"
+            " 'sm_90a'); print(co.format)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              "ROCJIT_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert lines[0].startswith(str(site)) and lines[1] == "cubin"
