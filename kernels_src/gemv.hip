@@ -13,8 +13,7 @@
 //                  zero point, G in {32, 64, 128}: W[n, k] = (q - zero[n, k/G]) * scale[n, k/G]
 //   e4m3 / e4m3fnuz  W = q * scale_w[0 or n] * scale_a[0] (per-tensor or per-channel)
 #include <hip/hip_runtime.h>
-#include <hip/hip_fp16.h>
-#include <hip/hip_bf16.h>
+#include "rocjit/types.h"   // __half / __hip_bfloat16 on every compiler (hipRTC included)
 
 #if defined(__AMDGCN__)
 #define GEMV_WAVE 64
@@ -77,12 +76,15 @@ __device__ __forceinline__ void load_x(const XT* p, float (&xf)[E]) {
         xf[8 * i + 4] = f2.x; xf[8 * i + 5] = f2.y; xf[8 * i + 6] = f3.x; xf[8 * i + 7] = f3.y;
     }
 }
+// Byte / nibble i of a 16-byte chunk (i is a compile-time constant after unrolling).
+__device__ __forceinline__ unsigned word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ unsigned byte_of(uint4 v, int i) { return (word_of(v, i / 4) >> (8 * (i % 4))) & 0xFFu; }
+
 template <bool FNUZ, int E>
 __device__ __forceinline__ void load_x_fp8(const unsigned char* p, float (&xf)[E]) {
-    uint4 v = *reinterpret_cast<const uint4*>(p);
-    const unsigned words[4] = {v.x, v.y, v.z, v.w};
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) xf[i] = fp8_to_float<FNUZ>((words[i / 4] >> (8 * (i % 4))) & 0xFFu);
+    for (int i = 0; i < 16; ++i) xf[i] = fp8_to_float<FNUZ>(byte_of(v, i));
 }
 
 template <class XT, class WK> struct x_loader {
@@ -113,31 +115,27 @@ template <int E> struct dequant<w_bf16, E> {
 };
 template <int E> struct dequant<w_i8, E> {
     __device__ static void run(uint4 v, float (&wf)[E], float) {
-        const unsigned r[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 16; ++i) wf[i] = i8_to_float((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
+        for (int i = 0; i < 16; ++i) wf[i] = i8_to_float(byte_of(v, i));
     }
 };
 template <int E> struct dequant<w_i4, E> {
     __device__ static void run(uint4 v, float (&wf)[E], float zero) {
-        const unsigned r[4] = {v.x, v.y, v.z, v.w};
         const float mz = 8388608.f + zero;
 #pragma unroll
-        for (int i = 0; i < 32; ++i) wf[i] = u4_minus((r[i / 8] >> (4 * (i % 8))) & 0xFu, mz);
+        for (int i = 0; i < 32; ++i) wf[i] = u4_minus((word_of(v, i / 8) >> (4 * (i % 8))) & 0xFu, mz);
     }
 };
 template <int E> struct dequant<w_e4m3, E> {
     __device__ static void run(uint4 v, float (&wf)[E], float) {
-        const unsigned r[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<false>((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
+        for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<false>(byte_of(v, i));
     }
 };
 template <int E> struct dequant<w_e4m3fnuz, E> {
     __device__ static void run(uint4 v, float (&wf)[E], float) {
-        const unsigned r[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<true>((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
+        for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<true>(byte_of(v, i));
     }
 };
 
@@ -218,3 +216,10 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
         store<OT>(out + (size_t)b * N + n, acc[b] * s);
     }
 }
+
+// rocjit:check gemv_kernel<__half, gemv::w_f16, float, __half, 32, 8, 1, 2>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_bf16, float, __hip_bfloat16, 16, 16, 8, 2>
+// rocjit:check gemv_kernel<__half, gemv::w_i8, float, __half, 32, 8, 1, 2>
+// rocjit:check gemv_kernel<__half, gemv::w_i4, __half, __half, 32, 8, 1, 2>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 16, 8, 2>
+// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3fnuz, float, __hip_bfloat16, 32, 4, 8, 2>

@@ -16,8 +16,7 @@
 // (gfx90a+) and 16x16x32 fp8 (gfx942 e4m3fnuz, gfx950 e4m3fn). FP8 on gfx90a has no matrix
 // instruction: there fp8 is widened to f16 in registers (the host prefers gemv.hip's portable kernel).
 #include <hip/hip_runtime.h>
-#include <hip/hip_fp16.h>
-#include <hip/hip_bf16.h>
+#include "rocjit/types.h"   // __half / __hip_bfloat16 on every compiler (hipRTC included)
 
 #if defined(__AMDGCN__)
 #define SKINNY_AMD 1
@@ -51,7 +50,9 @@ __device__ __forceinline__ uint4 load16_stream(const void* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 #else
-    return __builtin_nontemporal_load(reinterpret_cast<const uint4*>(p));
+    typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
+    u32x4 v = __builtin_nontemporal_load(reinterpret_cast<const u32x4*>(p));
+    return make_uint4(v[0], v[1], v[2], v[3]);
 #endif
 }
 
@@ -290,3 +291,9 @@ __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* __re
     const float sw = scale_w ? scale_w[scale_w_per_row ? n : 0] : 1.f;
     skinny::store_out<OT>(out + i, s * sa * sw);
 }
+
+// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2>
+// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2>
+// rocjit:check skinny_splitk_reduce<__hip_bfloat16>

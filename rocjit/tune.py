@@ -122,10 +122,26 @@ def shipped_defaults() -> dict:
     return _shipped_cache
 
 
+def export_defaults(path, *, device: str | None = None) -> int:
+    """Write this machine's tuned winners (optionally of one device) as a shipped-defaults file; returns
+    the number of entries. The kernel-source hash is dropped: a shipped config only needs to be one of
+    the op's current candidates to be used."""
+    out = {}
+    for key, rec in sorted(load_entries().items()):
+        parts = key.split("|")
+        if len(parts) != 5 or (device is not None and parts[3] != device):
+            continue
+        out[_shipped_key(*parts[:4])] = {"config": rec["config"], "us": rec.get("us")}
+    Path(path).write_text(json.dumps({"schema": _SCHEMA, "entries": out}, indent=1, sort_keys=True) + "\n")
+    return len(out)
+
+
 def clear_memory() -> None:
-    """Forget winners held in this process (tests; after editing the tuning file by hand)."""
+    """Forget winners held in this process, and the shipped defaults read (tests; after editing by hand)."""
+    global _shipped_cache
     with _lock:
         _memory.clear()
+        _shipped_cache = None
 
 
 # ----------------------------------------------------------------------------- policy
@@ -202,7 +218,7 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
     return dict(best)
 
 
-# ----------------------------------------------------------------------------- timing helper
+# ----------------------------------------------------------------------------- timing helpers
 def time_gpu(fn: Callable[[], None], *, warmup: int = 3, reps: int = 20) -> float:
     """Median seconds of fn() on the GPU, timed with torch CUDA events on the current stream."""
     import torch
@@ -217,3 +233,46 @@ def time_gpu(fn: Callable[[], None], *, warmup: int = 3, reps: int = 20) -> floa
     torch.cuda.synchronize()
     ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
     return ms[len(ms) // 2] * 1e-3
+
+
+def time_graph(fns: Sequence[Callable[[], None]], *, reps: int = 10) -> float:
+    """Median seconds per call of the callables `fns` (e.g. one per rotated weight copy), replayed from
+    a CUDA graph as a decode step runs them (host launch cost excluded); events if capture fails."""
+    import torch
+    fns = list(fns)
+    for f in fns:                                   # compile / load outside the capture
+        f()
+    torch.cuda.synchronize()
+    calls = max(1, -(-20 // len(fns))) * len(fns)
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(g, stream=stream):
+            for i in range(calls):
+                fns[i % len(fns)]()
+        torch.cuda.current_stream().wait_stream(stream)
+    except Exception:                               # pragma: no cover - platforms without graph capture
+        return time_gpu(lambda: [f() for f in fns], reps=reps) / len(fns)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3 / calls)
+    del g
+    return sorted(times)[len(times) // 2]
+
+
+def rotation_copies(t, *, l2_bytes: int | None = None, at_most: int = 8) -> list:
+    """`t` plus clones so that one pass over them exceeds twice the L2 cache: tuning then sees weights
+    streamed from memory, as in a decode step, not served from L2."""
+    import torch
+    if l2_bytes is None:
+        l2_bytes = torch.cuda.get_device_properties(t.device).L2_cache_size
+    n = max(1, min(at_most, -(-2 * l2_bytes // max(1, t.numel() * t.element_size()))))
+    return [t] + [t.clone() for _ in range(n - 1)]

@@ -12,9 +12,11 @@ fp16/bf16 weights run on matrix cores where the GPU has them (skinny_gemm.hip wi
 portable kernel (gemv.hip: P threads per row, shuffle reductions, int8/int4 dequantized in
 registers); the tuner picks per shape bucket.
 """
-from __future__ import annotations
+import functools
+from typing import Optional
 
 from rocjit import tune
+from rocjit.ops import _common as C
 from rocjit.ops import skinny
 
 MAX_BATCH = 8
@@ -26,8 +28,7 @@ def _candidates(kind: str, B: int, N: int, K: int, target: str, sms: int) -> tup
                 for p, r, u in ((32, 4, 4), (32, 8, 2), (16, 8, 4), (16, 16, 2), (8, 16, 4), (8, 32, 2), (4, 32, 4))]
     default = {"path": "portable", "p": 32 if K >= 4096 else 16, "rows": 4 if K >= 4096 else 8, "unroll": 4}
     if kind in ("f16", "bf16") and skinny.has_matrix_path(target, fp8=False):
-        mma = skinny.mma_candidates(B, N, K, sms)
-        return portable + mma, skinny.mma_default(B, N, K, sms)
+        return portable + skinny.mma_candidates(B, N, K, sms), default
     return portable, default
 
 
@@ -104,8 +105,7 @@ def _check(w, x, w_scale, w_zero, group_size, out):
 _WK = {"f16": "gemv::w_f16", "bf16": "gemv::w_bf16", "i8": "gemv::w_i8", "i4": "gemv::w_i4"}
 
 
-def gemv(w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
-    """y = W x (see the module docstring for the weight formats). x [K] -> y [N]; x [B <= 8, K] -> y [B, N]."""
+def _launch(w, x, w_scale, w_zero, group_size, out):
     import torch
     kind, B, N, K, oshape = _check(w, x, w_scale, w_zero, group_size, out)
     x = x.contiguous()
@@ -117,16 +117,67 @@ def gemv(w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
     x2, o2 = x.view(B, K), out.view(B, N)
     st = skinny.ctype(w_scale.dtype) if w_scale is not None else "float"
 
-    def run(cfg):
+    def run(cfg, w=w):
         if cfg["path"] == "mma":
             return skinny.launch_mma(x2, w, o2, None, None, B, N, K, cfg, target, wave)
         return skinny.launch_portable(x2, skinny.ctype(x.dtype), _WK[kind], w, o2, w_scale, w_zero, group_size or 0,
                                       1, None, st, B, N, K, cfg)
 
+    copies = []
+
+    def bench(cfg):
+        if not copies:
+            copies.extend(tune.rotation_copies(w))
+        return tune.time_graph([functools.partial(run, cfg, c) for c in copies])
+
     dtype = f"{kind}-{str(x.dtype).replace('torch.', '')}" + (f"-g{group_size}" if kind == "i4" else "")
     cfg = tune.pick("gemv", bucket=tune.bucket(b=B, n=N, k=K), dtype=dtype, device=devname,
-                    src_hash=skinny._src_hash(), candidates=cands, default=default,
-                    bench=lambda c: tune.time_gpu(lambda: run(c)))
+                    src_hash=skinny.src_hash(), candidates=cands, default=default, bench=bench)
     run(cfg)
     return out
 
+
+_op = None
+
+
+def _torch_op():
+    """torch.ops.rocjit.gemv (what torch.compile traces)."""
+    global _op
+    if _op is None:
+        tm = C.torch()
+        Tensor = tm.Tensor
+
+        def impl(w: Tensor, x: Tensor, w_scale: Optional[Tensor], w_zero: Optional[Tensor], group_size: int) -> Tensor:
+            return _launch(w, x, w_scale, w_zero, group_size or None, None)
+
+        def fake(w, x, w_scale, w_zero, group_size):
+            return x.new_empty(tuple(x.shape[:-1]) + (w.shape[0],))
+
+        _op = C.custom_op("gemv", impl, fake)
+    return _op
+
+
+def gemv(w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
+    """y = W x (see the module docstring for the weight formats). x [K] -> y [N]; x [B <= 8, K] -> y [B, N].
+    Inputs may be torch, cupy or numpy arrays; y comes back in x's framework."""
+    op = "gemv"
+    xt, fw = C.to_torch(x, "x", op)
+    wt = C.to_torch(w, "w", op)[0]
+    st = C.to_torch(w_scale, "w_scale", op)[0] if w_scale is not None else None
+    zt = C.to_torch(w_zero, "w_zero", op)[0] if w_zero is not None else None
+    ot = C.to_torch(out, "out", op)[0] if out is not None else None
+    if C.compiling():
+        _check(wt, xt, st, zt, group_size, ot)
+        y = _torch_op()(wt, xt, st, zt, int(group_size or 0))
+        if ot is not None:
+            ot.copy_(y)
+            y = ot
+    else:
+        y = _launch(wt, xt, st, zt, group_size, ot)
+    if out is not None and fw == "numpy":
+        import numpy as np
+        np.copyto(out, C.from_torch(y, "numpy"))
+        return out
+    if out is not None and fw != "torch":
+        return out
+    return C.convert_outputs(y, fw)

@@ -8,11 +8,11 @@ N (per output channel). Matrix-core kernel (skinny_gemm.hip) on NVIDIA sm_89+ an
 portable kernel (gemv.hip) elsewhere; split-K reductions run in a fixed order (deterministic).
 Configs come from rocjit.tune (tuned once per shape bucket, then persisted).
 """
-from __future__ import annotations
-
 import functools
+from typing import Optional
 
 from rocjit import tune
+from rocjit.ops import _common as C
 
 MAX_M = 32
 _SRC = "skinny_gemm.hip"
@@ -69,27 +69,33 @@ def _is_fp8(dtype) -> bool:
 
 
 # ----------------------------------------------------------------------------- configs
-def mma_candidates(M: int, N: int, K: int, sms: int) -> list[dict]:
+_MMA_SHAPES = ((1, 8, 2), (2, 4, 2), (2, 8, 2), (1, 4, 4))   # (MT, WARPS_K, UNROLL) that won a first sweep
+_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def mma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
     """Matrix-core configs worth timing: rows per warp (MT tiles of 16), warps splitting K in a block,
-    k-blocks in flight, and grid split-K (only where the row tiles alone leave the GPU idle)."""
+    k-blocks in flight, and grid split-K (fills the GPU at small N and evens out the last wave; the
+    fp32 partials cost splits * M * N * 8 bytes of traffic)."""
     out = []
-    for mt, wk, un in ((1, 4, 4), (1, 8, 2), (1, 8, 4), (2, 4, 2), (2, 8, 2)):
-        if M > 16 and mt * wk * un > 16:
-            continue                                    # keep registers in check at NT = 4
+    nkb = -(-K * elem_bytes // 64)                      # 64-byte k-blocks per row
+    for mt, wk, un in _MMA_SHAPES:
         blocks = -(-N // (16 * mt))
-        for splits in (1, 2, 4, 8):
-            if splits > 1 and blocks * splits > 8 * sms:
-                break
+        for splits in _SPLITS:
+            if splits > 1 and (blocks * splits > 24 * sms or nkb < splits * wk * un
+                               or splits * M * N * 8 > 0.1 * N * K * elem_bytes):
+                continue
             out.append({"path": "mma", "mt": mt, "warps_k": wk, "unroll": un, "splits": splits})
     return out
 
 
-def mma_default(M: int, N: int, K: int, sms: int) -> dict:
-    blocks = -(-N // 16)
-    splits = 1
-    while splits < 8 and blocks * splits < 2 * sms:
-        splits *= 2
-    return {"path": "mma", "mt": 1, "warps_k": 8, "unroll": 2 if M > 8 else 4, "splits": splits}
+def mma_default(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> dict:
+    """Built-in default: MT=1 (MT=2 from 16 rows up), enough splits for ~4 blocks per multiprocessor."""
+    mt = 2 if M > 8 else 1
+    blocks = -(-N // (16 * mt))
+    cands = [c for c in mma_candidates(M, N, K, sms, elem_bytes) if c["mt"] == mt]
+    splits = max((c["splits"] for c in cands if blocks * c["splits"] <= 4 * sms), default=1)
+    return {"path": "mma", "mt": mt, "warps_k": 8 if mt == 1 else 4, "unroll": 2, "splits": splits}
 
 
 def portable_candidates(M: int) -> list[dict]:
@@ -165,6 +171,8 @@ def _check(a, w, scale_a, scale_w, out_dtype, out):
         raise TypeError(f"skinny_gemm: dtype must be float8_e4m3fn / float8_e4m3fnuz, bfloat16 or float16, got {a.dtype}")
     if a.device != w.device or a.device.type != "cuda":
         raise ValueError(f"skinny_gemm: a and w must be on the same GPU, got {a.device} and {w.device}")
+    if not w.is_contiguous():
+        raise ValueError("skinny_gemm: w must be contiguous (row-major [N, K]); copying weights per call is not free")
     for nm, s, allowed in (("scale_a", scale_a, (1,)), ("scale_w", scale_w, (1, N))):
         if s is None:
             continue
@@ -186,12 +194,13 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8):
     """The tuned (or default) config of this problem and the function that runs it."""
     target, devname, sms = _device(a.device.index or 0)
     wave = 32 if target.startswith("sm_") else 64
+    eb = a.element_size()
     if has_matrix_path(target, fp8):
-        cands, default = mma_candidates(M, N, K, sms), mma_default(M, N, K, sms)
+        cands, default = mma_candidates(M, N, K, sms, eb), mma_default(M, N, K, sms, eb)
     else:
         cands, default = portable_candidates(M), portable_candidates(M)[0]
 
-    def run(cfg):
+    def run(cfg, w=w):
         if cfg["path"] == "mma":
             return launch_mma(a, w, out, scale_a, scale_w, M, N, K, cfg, target, wave)
         xt = "unsigned char" if fp8 else ctype(a.dtype)
@@ -200,29 +209,83 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8):
         per_row = int(scale_w is not None and scale_w.numel() > 1)
         return launch_portable(a, xt, wk, w, out, scale_w, None, 0, per_row, scale_a, "float", M, N, K, cfg)
 
+    copies = []
+
+    def bench(cfg):
+        if not copies:
+            copies.extend(tune.rotation_copies(w))
+        return tune.time_graph([functools.partial(run, cfg, c) for c in copies])
+
     cfg = tune.pick("skinny_gemm", bucket=tune.bucket(m=M, n=N, k=K), dtype=str(a.dtype).replace("torch.", ""),
-                    device=devname, src_hash=_src_hash(), candidates=cands, default=default,
-                    bench=lambda c: tune.time_gpu(lambda: run(c)))
+                    device=devname, src_hash=src_hash(), candidates=cands, default=default, bench=bench)
     return cfg, run
 
 
 @functools.lru_cache(maxsize=1)
-def _src_hash() -> str:
+def src_hash() -> str:
     from rocjit.compiler import kernels_src_dir
     return tune.source_hash(kernels_src_dir() / _SRC, kernels_src_dir() / _GEMV_SRC)
 
 
-def skinny_gemm(a, w, *, scale_a=None, scale_w=None, out_dtype=None, out=None):
-    """C = A W^T for A [M <= 32, K], W [N, K] (K % 16 == 0). FP8: C = (A W^T) * scale_a * scale_w
-    with float32 scales (scale_a 1 element, scale_w 1 or N); out_dtype defaults to bfloat16 for FP8 and
-    to the input dtype otherwise. Deterministic (fixed-order split-K)."""
+_OUT_DTYPES = {"bfloat16", "float16", "float32"}
+
+
+def _launch(a, w, scale_a, scale_w, od, out):
     import torch
-    M, N, K, fp8, od = _check(a, w, scale_a, scale_w, out_dtype, out)
+    M, N, K, fp8, od = _check(a, w, scale_a, scale_w, od, out)
     a = a.contiguous()
-    if not w.is_contiguous():
-        raise ValueError("skinny_gemm: w must be contiguous (row-major [N, K]); copying weights per call is not free")
     if out is None:
         out = torch.empty((M, N), dtype=od, device=a.device)
     cfg, run = config_for(a, w, out, scale_a, scale_w, M, N, K, fp8)
     run(cfg)
     return out
+
+
+_op = None
+
+
+def _torch_op():
+    """torch.ops.rocjit.skinny_gemm (what torch.compile traces)."""
+    global _op
+    if _op is None:
+        tm = C.torch()
+        Tensor = tm.Tensor
+
+        def impl(a: Tensor, w: Tensor, scale_a: Optional[Tensor], scale_w: Optional[Tensor], out_dtype: str) -> Tensor:
+            return _launch(a, w, scale_a, scale_w, getattr(tm, out_dtype), None)
+
+        def fake(a, w, scale_a, scale_w, out_dtype):
+            return a.new_empty((a.shape[0], w.shape[0]), dtype=getattr(tm, out_dtype))
+
+        _op = C.custom_op("skinny_gemm", impl, fake)
+    return _op
+
+
+def skinny_gemm(a, w, *, scale_a=None, scale_w=None, out_dtype=None, out=None):
+    """C = A W^T for A [M <= 32, K], W [N, K] (K % 16 == 0). FP8: C = (A W^T) * scale_a * scale_w
+    with float32 scales (scale_a 1 element, scale_w 1 or N); out_dtype defaults to bfloat16 for FP8 and
+    to the input dtype otherwise. Deterministic (fixed-order split-K). Inputs may be torch, cupy or
+    numpy arrays; the result comes back in a's framework."""
+    op = "skinny_gemm"
+    at, fw = C.to_torch(a, "a", op)
+    wt = C.to_torch(w, "w", op)[0]
+    sa = C.to_torch(scale_a, "scale_a", op)[0] if scale_a is not None else None
+    sw = C.to_torch(scale_w, "scale_w", op)[0] if scale_w is not None else None
+    ot = C.to_torch(out, "out", op)[0] if out is not None else None
+    if C.compiling():
+        _, _, _, _, od = _check(at, wt, sa, sw, out_dtype, ot)
+        y = _torch_op()(at, wt, sa, sw, str(od).replace("torch.", ""))
+        if ot is not None:
+            ot.copy_(y)
+            y = ot
+    else:
+        y = _launch(at, wt, sa, sw, out_dtype, ot)
+    if out is not None and fw != "torch":
+        return out if fw != "numpy" else _copy_back(out, y)
+    return C.convert_outputs(y, fw)
+
+
+def _copy_back(host, y):
+    import numpy as np
+    np.copyto(host, C.from_torch(y, "numpy"))
+    return host

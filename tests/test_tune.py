@@ -1,0 +1,161 @@
+"""The autotuner's policy and persistence, with fake benchmark functions (no GPU)."""
+import json
+import multiprocessing as mp
+import os
+
+import pytest
+
+from rocjit import tune
+
+CANDS = [{"tile": 1}, {"tile": 2}, {"tile": 4}]
+DEFAULT = {"tile": 2}
+
+
+@pytest.fixture
+def tdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ROCJIT_AUTOTUNE", raising=False)
+    monkeypatch.setattr(tune, "SHIPPED", tmp_path / "shipped.json")
+    tune.clear_memory()
+    yield tmp_path
+    tune.clear_memory()
+
+
+def fake_bench(times, calls):
+    def bench(cfg):
+        calls.append(cfg["tile"])
+        return times[cfg["tile"]]
+    return bench
+
+
+def pick(bench, **kw):
+    args = dict(bucket="m1_n1024", dtype="bf16", device="FakeGPU", src_hash="abc", candidates=CANDS, default=DEFAULT,
+                bench=bench, progress=False)
+    args.update(kw)
+    return tune.pick("op", **args)
+
+
+def test_tunes_once_and_persists(tdir):
+    calls = []
+    assert pick(fake_bench({1: 3.0, 2: 2.0, 4: 1.0}, calls)) == {"tile": 4}
+    assert sorted(calls) == [1, 2, 4]
+    data = json.loads((tdir / "tune.json").read_text())
+    (key, rec), = data["entries"].items()
+    assert key == "op|m1_n1024|bf16|FakeGPU|abc" and rec["config"] == {"tile": 4}
+    # this process: memory; a later process: the file — neither benchmarks again
+    assert pick(fake_bench({1: 0.0, 2: 0.0, 4: 9.0}, calls)) == {"tile": 4}
+    tune.clear_memory()
+    assert pick(fake_bench({1: 0.0, 2: 0.0, 4: 9.0}, calls)) == {"tile": 4}
+    assert len(calls) == 3
+
+
+def test_key_parts_separate_entries(tdir):
+    calls = []
+    pick(fake_bench({1: 1.0, 2: 2.0, 4: 3.0}, calls))
+    for kw in ({"bucket": "m2_n1024"}, {"dtype": "fp8"}, {"device": "OtherGPU"}, {"src_hash": "changed"}):
+        pick(fake_bench({1: 1.0, 2: 2.0, 4: 3.0}, calls), **kw)
+    assert len(calls) == 3 * 5
+    assert len(tune.load_entries()) == 5
+
+
+def test_autotune_off_uses_builtin_then_shipped_default(tdir, monkeypatch):
+    monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")
+    calls = []
+    assert pick(fake_bench({1: 1.0, 2: 2.0, 4: 3.0}, calls)) == DEFAULT
+    (tdir / "shipped.json").write_text(json.dumps(
+        {"schema": 1, "entries": {"op|m1_n1024|bf16|FakeGPU": {"config": {"tile": 1}}}}))
+    tune.clear_memory()
+    assert pick(fake_bench({1: 1.0, 2: 2.0, 4: 3.0}, calls)) == {"tile": 1}
+    assert calls == [] and not (tdir / "tune.json").exists()
+
+
+def test_shipped_default_not_a_candidate_is_ignored(tdir, monkeypatch):
+    monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")
+    (tdir / "shipped.json").write_text(json.dumps(
+        {"schema": 1, "entries": {"op|m1_n1024|bf16|FakeGPU": {"config": {"tile": 99}}}}))
+    assert pick(fake_bench({}, [])) == DEFAULT
+
+
+def test_no_tuning_during_graph_capture(tdir, monkeypatch):
+    monkeypatch.setattr(tune, "capturing", lambda: True)
+    calls = []
+    assert pick(fake_bench({1: 1.0, 2: 2.0, 4: 3.0}, calls)) == DEFAULT
+    assert calls == [] and tune.load_entries() == {}
+    # a persisted winner is still used inside capture
+    monkeypatch.setattr(tune, "capturing", lambda: False)
+    pick(fake_bench({1: 1.0, 2: 2.0, 4: 3.0}, calls))
+    tune.clear_memory()
+    monkeypatch.setattr(tune, "capturing", lambda: True)
+    assert pick(fake_bench({}, calls)) == {"tile": 1}
+
+
+def test_failing_candidates_lose_and_all_failing_raises(tdir):
+    def bench(cfg):
+        if cfg["tile"] != 2:
+            raise RuntimeError("too many registers")
+        return 5.0
+    assert pick(bench) == {"tile": 2}
+
+    def broken(cfg):
+        raise RuntimeError("no")
+    with pytest.raises(RuntimeError, match="every candidate"):
+        pick(broken, bucket="other")
+
+
+def test_stale_or_corrupt_file_is_retuned(tdir):
+    (tdir / "tune.json").write_text("{not json")
+    calls = []
+    with pytest.warns(UserWarning):
+        assert pick(fake_bench({1: 3.0, 2: 1.0, 4: 2.0}, calls)) == {"tile": 2}
+    assert json.loads((tdir / "tune.json").read_text())["schema"] == 1
+    # a persisted config that is no longer a candidate is re-tuned
+    data = json.loads((tdir / "tune.json").read_text())
+    for rec in data["entries"].values():
+        rec["config"] = {"tile": 77}
+    (tdir / "tune.json").write_text(json.dumps(data))
+    tune.clear_memory()
+    assert pick(fake_bench({1: 3.0, 2: 1.0, 4: 2.0}, calls)) == {"tile": 2}
+    assert len(calls) == 6
+
+
+def _worker(args):
+    d, i = args
+    os.environ["ROCJIT_CACHE_DIR"] = d
+    from rocjit import tune as t
+    t.clear_memory()
+    for j in range(10):
+        t.pick("op", bucket=f"b{i}_{j}", dtype="bf16", device="FakeGPU", src_hash="abc", candidates=CANDS,
+               default=DEFAULT, bench=lambda cfg: float(cfg["tile"]), progress=False)
+    return i
+
+
+def test_concurrent_processes_lose_nothing(tdir):
+    with mp.get_context("spawn").Pool(4) as pool:
+        assert sorted(pool.map(_worker, [(str(tdir), i) for i in range(8)])) == list(range(8))
+    entries = tune.load_entries()
+    assert len(entries) == 80
+    assert all(rec["config"] == {"tile": 1} for rec in entries.values())
+    assert not [p for p in os.listdir(tdir) if p.startswith(".tune-")]      # no temp files left behind
+
+
+def test_export_defaults_round_trip(tdir, monkeypatch):
+    pick(fake_bench({1: 3.0, 2: 2.0, 4: 1.0}, []))
+    pick(fake_bench({1: 1.0, 2: 2.0, 4: 3.0}, []), device="OtherGPU")
+    assert tune.export_defaults(tdir / "shipped.json", device="FakeGPU") == 1
+    monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")
+    tune.clear_memory()
+    (tdir / "tune.json").unlink()
+    assert pick(fake_bench({}, []), src_hash="new-source") == {"tile": 4}
+
+
+def test_bucket_and_hash():
+    assert tune.bucket(m=5, n=13312, k=6656) == "m8_n16384_k8192"
+    assert tune.bucket(m=1, n=1) == "m1_n1"
+    assert tune.source_hash("a") != tune.source_hash("b") and len(tune.source_hash("a")) == 16
+
+
+def test_shipped_defaults_file_is_valid():
+    data = json.loads(tune.SHIPPED.read_text())
+    assert data["schema"] == 1 and isinstance(data["entries"], dict)
+    for key, rec in data["entries"].items():
+        assert len(key.split("|")) == 4 and isinstance(rec["config"], dict)
