@@ -225,7 +225,8 @@ def _amd_isa(binary: bytes) -> dict | None:
             continue
         if current is not None and line.startswith(("\t", " ")) and line.strip():
             op = line.split()[0]
-            if not op.startswith((";", "//")):
+            # s_code_end is padding the assembler puts after the last function
+            if not op.startswith((";", "//")) and op != "s_code_end":
                 current.append(op)
     return {name: _opcode_counts(ops, _AMD_RULES) for name, ops in per_kernel.items()}
 
