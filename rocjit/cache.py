@@ -107,20 +107,18 @@ def get_or_build(key: str, build):
 
 # ----------------------------------------------------------------------------- statistics & maintenance
 def _stats_path() -> Path:
-    return cache_dir() / "stats.json"
+    return cache_dir() / "stats.log"
 
 
 def _count(field: str) -> None:
-    from filelock import FileLock
+    """One byte per event, appended with O_APPEND: atomic across processes without a lock."""
     try:
-        with FileLock(str(cache_dir() / "stats.lock"), timeout=2):
-            p = _stats_path()
-            s = json.loads(p.read_text()) if p.exists() else {}
-            s[field] = s.get(field, 0) + 1
-            tmp = p.with_suffix(".tmp")
-            tmp.write_text(json.dumps(s))
-            os.replace(tmp, p)
-    except Exception:
+        fd = os.open(_stats_path(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b"h" if field == "hits" else b"m")
+        finally:
+            os.close(fd)
+    except OSError:
         pass  # statistics are best effort; never fail a compile for them
 
 
@@ -128,12 +126,11 @@ def info() -> dict:
     d = _entries_dir()
     files = list(d.glob("*/*.co")) if d.exists() else []
     try:
-        stats = json.loads(_stats_path().read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        stats = {}
+        log = _stats_path().read_bytes()
+    except FileNotFoundError:
+        log = b""
     return {"dir": str(cache_dir()), "schema": SCHEMA, "entries": len(files),
-            "bytes": sum(f.stat().st_size for f in files),
-            "hits": stats.get("hits", 0), "misses": stats.get("misses", 0)}
+            "bytes": sum(f.stat().st_size for f in files), "hits": log.count(b"h"), "misses": log.count(b"m")}
 
 
 def clear() -> int:
@@ -144,7 +141,7 @@ def clear() -> int:
     for child in root.iterdir():
         if child.name.startswith("v") and child.is_dir():
             shutil.rmtree(child, ignore_errors=True)
-    for f in ("stats.json",):
+    for f in ("stats.log",):
         try:
             (root / f).unlink()
         except FileNotFoundError:

@@ -168,7 +168,16 @@ def _nvrtc():
     return nvrtc
 
 
+@functools.lru_cache(maxsize=1)
 def compiler_version() -> str:
+    """NVRTC's version, for cache keys. The pip wheel's exact version is read from its metadata (no library load,
+    which keeps a cache hit cheap; NVRTC is found in site-packages first); otherwise NVRTC is asked."""
+    from importlib import metadata
+    for dist in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
+        try:
+            return f"nvrtc {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            pass
     err, major, minor = _nvrtc().nvrtcVersion()
     return f"nvrtc {major}.{minor}"
 
