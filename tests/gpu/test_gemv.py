@@ -1,0 +1,96 @@
+"""GEMV on the GPU against float64 references: fp16/bf16/int8/int4, every candidate config, the op."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+from rocjit.ops import gemv as G  # noqa: E402
+from rocjit.ops import int_quant as Q  # noqa: E402
+from rocjit.ops import skinny  # noqa: E402
+
+
+def _weights(kind, xdt, N, K, g):
+    w = torch.randn(N, K, device="cuda", generator=g)
+    if kind == "float":
+        return w.to(xdt), {}, (4e-3 if xdt == torch.bfloat16 else 1e-3)
+    if kind == "i8":
+        q, s = Q.quantize_int8(w, scale_dtype=xdt)
+        return q, {"w_scale": s}, 5e-3
+    gs = int(kind[2:])
+    p, s, z = Q.quantize_int4(w, gs, scale_dtype=torch.float32 if gs == 64 else xdt)
+    return p, {"w_scale": s, "w_zero": z, "group_size": gs}, 5e-3
+
+
+def _rel(y, ref):
+    assert not torch.isnan(y).any(), "output left unwritten (poison visible)"
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("xdt", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("kind", ["float", "i8", "i4g32", "i4g64", "i4g128"])
+@pytest.mark.parametrize("B", [1, 3, 8])
+@pytest.mark.parametrize("K", [256, 6656, 16384])
+def test_every_config_matches_reference(xdt, kind, B, K):
+    N = 1037
+    g = torch.Generator(device="cuda").manual_seed(B * 131 + K)
+    w, kw, tol = _weights(kind, xdt, N, K, g)
+    x = torch.randn(B, K, device="cuda", generator=g).to(xdt)
+    ref = Q.gemv_reference(w, x, **kw)
+    target, _, sms = skinny._device(0)
+    wave = 32 if target.startswith("sm_") else 64
+    k = {"float": "f16" if xdt == torch.float16 else "bf16", "i8": "i8"}.get(kind, "i4")
+    cands, _ = G._candidates(k, B, N, K, target, sms)
+    st = skinny.ctype(kw["w_scale"].dtype) if kw else "float"
+    for cfg in cands:
+        out = torch.full((B, N), float("nan"), dtype=xdt, device="cuda")
+        if cfg["path"] == "mma":
+            skinny.launch_mma(x, w, out, None, None, B, N, K, cfg, target, wave)
+        else:
+            skinny.launch_portable(x, skinny.ctype(xdt), G._WK[k], w, out, kw.get("w_scale"), kw.get("w_zero"),
+                                   kw.get("group_size", 0), 1, None, st, B, N, K, cfg)
+        assert _rel(out, ref) < tol, cfg
+    y = G.gemv(w, x if B > 1 else x[0], **kw)
+    assert y.shape == ((B, N) if B > 1 else (N,)) and y.dtype == xdt
+    assert _rel(y.view(B, N), ref) < tol
+
+
+def test_out_argument_and_graph_capture():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    p, s, z = Q.quantize_int4(torch.randn(500, 1024, device="cuda", generator=g), 128)
+    x = torch.randn(1024, device="cuda", generator=g).half()
+    y = G.gemv(p, x, w_scale=s, w_zero=z, group_size=128)
+    out = torch.full_like(y, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        G.gemv(p, x, w_scale=s, w_zero=z, group_size=128, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, y)
+
+
+def test_errors_name_the_problem():
+    x = torch.randn(256, device="cuda", dtype=torch.float16)
+    w = torch.randn(64, 256, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="B=9"):
+        G.gemv(w, torch.randn(9, 256, device="cuda", dtype=torch.float16))
+    with pytest.raises(TypeError, match="x's dtype"):
+        G.gemv(w.bfloat16(), x)
+    with pytest.raises(ValueError, match="w_scale"):
+        G.gemv(w.to(torch.int8), x)
+    q = torch.randint(0, 255, (64, 128), device="cuda", dtype=torch.uint8)
+    with pytest.raises(ValueError, match="group_size"):
+        G.gemv(q, x, w_scale=torch.ones(64, 4, device="cuda"), w_zero=torch.ones(64, 4, device="cuda"), group_size=48)
+    with pytest.raises(ValueError, match="w_zero"):
+        G.gemv(q, x, w_scale=torch.ones(64, 2, device="cuda"), group_size=128)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        G.gemv(w[:, :200].contiguous(), x[:200])
+
+
+def test_numpy_inputs_give_numpy_output():
+    np = pytest.importorskip("numpy")
+    w = np.random.randn(70, 128).astype(np.float16)
+    x = np.random.randn(128).astype(np.float16)
+    y = G.gemv(w, x)
+    assert isinstance(y, np.ndarray) and y.shape == (70,)
+    ref = w.astype(np.float64) @ x.astype(np.float64)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-3

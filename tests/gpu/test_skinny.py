@@ -1,0 +1,120 @@
+"""Skinny GEMM on the GPU against float64 references: every candidate config, the op, errors, graphs."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+from rocjit.ops import skinny  # noqa: E402
+
+F8 = torch.float8_e4m3fn
+
+
+def _case(dt, M, N, K, per_channel=True, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(M, K, device="cuda", generator=g)
+    w = torch.randn(N, K, device="cuda", generator=g)
+    if dt == F8:
+        a8, w8 = (a * 3).to(F8), (w * 3).to(F8)
+        sa = torch.tensor([0.37], device="cuda")
+        sw = torch.rand(N if per_channel else 1, device="cuda", generator=g) + 0.5
+        ref = (a8.double() @ w8.double().t()) * 0.37 * sw.double()[None, :]
+        return a8, w8, sa, sw, ref, torch.bfloat16, 1e-2
+    a, w = a.to(dt), w.to(dt)
+    ref = a.double() @ w.double().t()
+    # fp32 accumulation, one rounding to the output dtype (2^-8 bf16, 2^-11 f16), relative Frobenius
+    return a, w, None, None, ref, dt, (4e-3 if dt == torch.bfloat16 else 1e-3)
+
+
+def _rel(y, ref):
+    assert not torch.isnan(y).any(), "output left unwritten (poison visible)"
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16, F8], ids=["bf16", "f16", "fp8"])
+@pytest.mark.parametrize("M", [1, 2, 3, 8, 17, 32])
+@pytest.mark.parametrize("K", [256, 6656, 16384])
+def test_every_config_matches_reference(dt, M, K):
+    N = 1037                                     # not a multiple of any tile
+    a, w, sa, sw, ref, od, tol = _case(dt, M, N, K, seed=M * 7 + K)
+    target, _, sms = skinny._device(0)
+    wave = 32 if target.startswith("sm_") else 64
+    cfgs = skinny.mma_candidates(M, N, K, sms, a.element_size()) if skinny.has_matrix_path(target, dt == F8) else []
+    cfgs += skinny.portable_candidates(M)[:1]
+    for cfg in cfgs:
+        out = torch.full((M, N), float("nan"), dtype=od, device="cuda")
+        if cfg["path"] == "mma":
+            skinny.launch_mma(a, w, out, sa, sw, M, N, K, cfg, target, wave)
+        else:
+            xt = "unsigned char" if dt == F8 else skinny.ctype(dt)
+            wk = "gemv::w_e4m3" if dt == F8 else {torch.bfloat16: "gemv::w_bf16", torch.float16: "gemv::w_f16"}[dt]
+            skinny.launch_portable(a, xt, wk, w, out, sw, None, 0, int(sw is not None and sw.numel() > 1), sa, "float",
+                                   M, N, K, cfg)
+        assert _rel(out, ref) < tol, cfg
+    y = skinny.skinny_gemm(a, w, scale_a=sa, scale_w=sw)
+    assert y.dtype == od and y.shape == (M, N)
+    assert _rel(y, ref) < tol
+
+
+def test_fp8_per_tensor_scale_and_out_dtypes():
+    a, w, sa, sw, ref, _, tol = _case(F8, 5, 300, 512, per_channel=False)
+    for od in (torch.bfloat16, torch.float16, torch.float32):
+        out = torch.full((5, 300), float("nan"), dtype=od, device="cuda")
+        y = skinny.skinny_gemm(a, w, scale_a=sa, scale_w=sw, out_dtype=od, out=out)
+        assert y is out and _rel(y, ref) < tol
+
+
+def test_deterministic_split_k():
+    a, w, sa, sw, ref, od, tol = _case(F8, 4, 2304, 16384)
+    target, _, sms = skinny._device(0)
+    cfg = {"path": "mma", "mt": 1, "warps_k": 8, "unroll": 2, "splits": 8}
+    outs = []
+    for _ in range(3):
+        out = torch.empty((4, 2304), dtype=od, device="cuda")
+        skinny.launch_mma(a, w, out, sa, sw, 4, 2304, 16384, cfg, target, 32)
+        outs.append(out)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_graph_capture_replays():
+    a, w, sa, sw, ref, od, tol = _case(torch.bfloat16, 3, 777, 1024)
+    y = skinny.skinny_gemm(a, w)              # tuned outside capture
+    g = torch.cuda.CUDAGraph()
+    out = torch.empty_like(y)
+    with torch.cuda.graph(g):
+        skinny.skinny_gemm(a, w, out=out)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, y)
+
+
+def test_errors_name_the_problem():
+    a = torch.randn(33, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="M <= 32.*general GEMM"):
+        skinny.skinny_gemm(a, w)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        skinny.skinny_gemm(a[:4, :200], w[:, :200].contiguous())
+    with pytest.raises(TypeError, match="share a dtype"):
+        skinny.skinny_gemm(a[:4], w.half())
+    with pytest.raises(ValueError, match="w must be"):
+        skinny.skinny_gemm(a[:4], torch.randn(64, 128, device="cuda", dtype=torch.bfloat16))
+    a8, w8 = a[:4].to(F8), w.to(F8)
+    with pytest.raises(TypeError, match="scale_a must be a float32"):
+        skinny.skinny_gemm(a8, w8, scale_a=torch.ones(1, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="scale_w must have"):
+        skinny.skinny_gemm(a8, w8, scale_w=torch.ones(3, device="cuda"))
+
+
+def test_cupy_inputs_give_cupy_output():
+    cupy = pytest.importorskip("cupy")
+    a, w, _, _, ref, _, tol = _case(torch.float16, 2, 100, 256)
+    y = skinny.skinny_gemm(cupy.from_dlpack(a), cupy.from_dlpack(w))
+    assert isinstance(y, cupy.ndarray)
+    assert _rel(torch.from_dlpack(y), ref) < tol
+
+
+def test_torch_compile_traces_custom_op():
+    a, w, _, _, ref, _, tol = _case(torch.bfloat16, 4, 256, 512)
+    f = torch.compile(lambda a, w: skinny.skinny_gemm(a, w) * 2, fullgraph=True)
+    assert _rel(f(a, w) / 2, ref) < tol
