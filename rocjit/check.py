@@ -134,8 +134,9 @@ TABLE_COLUMNS = ("kernel", "target", "registers", "shared", "scratch", "spills",
                  "ld128", "st128", "matrix", "status")
 
 
-def print_report(results: list[dict], out=sys.stdout):
+def print_report(results: list[dict], out=None):
     from rocjit.inspect import format_table
+    out = out or sys.stdout
     by_file: dict[str, list[dict]] = {}
     for r in results:
         by_file.setdefault(r["file"], []).append(r)
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
     failed = [r for r in results if not r["ok"]]
     kernels = sum(len(r["kernels"]) for r in results)
     print(f"\n{len(files)} files x {len(targets)} targets, {kernels} kernel builds, {len(failed)} failing, "
-          f"{time.time() - started:.1f} s", file=sys.stdout)
+          f"{time.time() - started:.1f} s")
     if args.json:
         rows = [dict(k, file=r["file"]) for r in results for k in r["kernels"]]
         doc = {"targets": targets, "files": [str(f) for f in files], "rows": rows,
