@@ -211,9 +211,9 @@ def _nvrtc_call(result, what, prog=None, source="", filename="", target=""):
 def _program_log(prog) -> str:
     nv = _nvrtc()
     _, n = nv.nvrtcGetProgramLogSize(prog)
-    buf = b" " * n
+    buf = bytearray(n)
     nv.nvrtcGetProgramLog(prog, buf)
-    return buf.rstrip(b"\x00 ").decode(errors="replace")
+    return bytes(buf).rstrip(b"\x00 ").decode(errors="replace")
 
 
 def compile(source: str, *, target: str, options=(), include_dirs=(), name_expressions=(),
@@ -236,13 +236,13 @@ def compile(source: str, *, target: str, options=(), include_dirs=(), name_expre
                    for e in name_expressions}
         if as_ptx:
             n = _nvrtc_call(nv.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-            buf = b" " * n
+            buf = bytearray(n)
             _nvrtc_call(nv.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
-            return Compiled(buf, "ptx", target, lowered, log)
+            return Compiled(bytes(buf), "ptx", target, lowered, log)
         n = _nvrtc_call(nv.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        buf = b" " * n
+        buf = bytearray(n)
         _nvrtc_call(nv.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
-        return Compiled(buf, "cubin", target, lowered, log)
+        return Compiled(bytes(buf), "cubin", target, lowered, log)
     finally:
         nv.nvrtcDestroyProgram(prog)
 
