@@ -221,3 +221,26 @@ def test_ptx_version_lowering():
     ptx = "//\n.version 9.2\n.target sm_90a\n"
     assert ".version 9.0\n" in importlib.import_module("rocjit.kernel")._lower_ptx_version(ptx, (13, 0))
     assert ".version 8.5\n" in importlib.import_module("rocjit.kernel")._lower_ptx_version(ptx, (12, 6))
+
+
+def test_driver_rejecting_new_nvrtc_code_falls_back_to_ptx(fake, monkeypatch):
+    """A driver older than NVRTC rejects the cubin: rocjit warns and loads PTX lowered to the driver's ISA."""
+    kmod = importlib.import_module("rocjit.kernel")
+    loaded = []
+
+    def load_module(binary, dev):
+        if binary[:4] == b"\x7fELF":
+            raise rocjit.LaunchError("cuModuleLoadData failed", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+        loaded.append(binary)
+        return 1
+
+    fake.NAME = "cuda"
+    fake.load_module = load_module
+    fake.driver_version = lambda: (13, 0)
+    fake.compiler_version = lambda: "nvrtc 13.5"
+    monkeypatch.setattr(kmod, "_modules", {})
+    k = rocjit.kernel(AXPY.replace("axpy", "axpy_fallback"))
+    x = np.ones(4, np.float32)
+    with pytest.warns(RuntimeWarning, match=r"driver \(CUDA 13.0\) rejected code built by nvrtc 13.5"):
+        k[1, 32](1.0, x, x.copy(), 4)
+    assert loaded and b".version 9.0" in loaded[0] and b".target sm_90a" in loaded[0]

@@ -43,7 +43,7 @@ def check_fp8(got, ref_values, fmt):
     c, w = codes[~nan].astype(int), want[~nan].astype(int)
     equal = c == w
     if c.size:
-        assert equal.mean() >= 0.999, f"only {equal.mean():.5f} of fp8 bytes match"
+        assert equal.mean() >= 0.999, f"only {equal.mean():.5f} of fp8 bytes match ({(~equal).sum()} of {c.size})"
         near = (np.abs((c & 0x7F) - (w & 0x7F)) <= 1) & ((((c ^ w) & 0x80) == 0) | ((c & 0x7F) <= 1))
         assert (equal | near).all()
 
@@ -82,7 +82,8 @@ def test_rms_norm(dtype, hidden, rows, mode):
         y, scales, _ = ops.rms_norm(x, w, eps, residual=r, quant="per_token", fp8_format=fmt)
         amax = np.maximum(np.abs(ref).max(axis=-1, keepdims=True) if rows else np.zeros((0, 1)), 1e-12)
         s_ref = amax / C.fp8_max(fmt)
-        assert np.allclose(f64(scales), s_ref, rtol=1e-6, atol=0)
+        rel = np.abs(f64(scales) / s_ref - 1) if rows else np.zeros(1)
+        assert rel.max() <= 1e-6, f"scale relative error {rel.max():.3g}"
         check_fp8(y, ref / f64(scales), fmt)
     if r is not None:
         assert torch.equal(r, x + r0)
@@ -91,8 +92,8 @@ def test_rms_norm(dtype, hidden, rows, mode):
 def test_rms_norm_saturation_and_nan():
     x, w = rand((4, 4096), torch.float16), rand((4096,), torch.float16)
     x[1, 5] = float("nan")
-    y = ops.rms_norm(x, w, scale=torch.tensor([1e-3], device="cuda"), fp8_format="e4m3fn")
-    ref = rms_ref(x, w, 1e-6) / np.float64(np.float32(1e-3))
+    y = ops.rms_norm(x, w, scale=torch.tensor([1e-5], device="cuda"), fp8_format="e4m3fn")
+    ref = rms_ref(x, w, 1e-6) / np.float64(np.float32(1e-5))
     codes = y.view(torch.uint8).cpu().numpy()
     assert ((codes[0] & 0x7F) == 0x7E).mean() > 0.9  # saturated to +-448
     assert np.isnan(C.fp8_decode(codes[1], "e4m3fn")).all()  # a NaN poisons its row's rms

@@ -289,3 +289,24 @@ def test_inspect_live_kernel(axpy):
     axpy[1, 32](1.0, x, x, 8)
     report = rocjit.inspect(axpy)
     assert "axpy" in str(report)
+
+
+def test_example_clean_under_compute_sanitizer(tmp_path):
+    import shutil
+    tool = shutil.which("compute-sanitizer") or next(
+        (p for p in ("/usr/local/cuda/bin/compute-sanitizer",) if os.path.exists(p)), None)
+    if tool is None:
+        pytest.skip("compute-sanitizer not installed")
+    script = tmp_path / "example.py"
+    script.write_text(
+        "import torch, rocjit\n"
+        f"k = rocjit.kernel({AXPY!r})\n"
+        "n = 10007\n"
+        "x = torch.randn(n, device='cuda'); y = torch.randn(n, device='cuda'); ref = 3 * x + y\n"
+        "k[(n + 255) // 256, 256](3.0, x, y, n)\n"
+        "torch.cuda.synchronize(); assert torch.allclose(y, ref)\n"
+        "print('example ok')\n")
+    out = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "9", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "example ok" in out.stdout and "ERROR SUMMARY: 0 errors" in out.stdout
