@@ -17,7 +17,6 @@ import json
 import os
 import re
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,8 +25,6 @@ from rocjit.errors import CompileError, RocjitError
 
 DEFAULT_TARGETS = ("sm_90a", "gfx90a", "gfx942", "gfx950")
 _CHECK_LINE = re.compile(r"^\s*//\s*rocjit:check\s+(.+?)\s*$", re.M)
-# hipRTC runs in-process; one compile at a time keeps it out of thread-safety questions.
-_in_process_lock = threading.Lock()
 
 
 def name_expressions(source: str) -> list[str]:
@@ -54,36 +51,11 @@ def default_files() -> list[Path]:
 def _compile(path: Path, target: str, names: list[str]):
     """Through rocjit.compile (cached); NVIDIA builds ask ptxas for its spill report."""
     options = ["-Xptxas=-v"] if target.startswith("sm_") else []
-    in_process = target.startswith("sm_") or _uses_hiprtc(target)
     try:
         from rocjit.compiler import compile as rocjit_compile
     except ImportError:
-        rocjit_compile = None
-    with (_in_process_lock if in_process else _nolock):
-        if rocjit_compile is not None:
-            return rocjit_compile(path, target, options=options, name_expressions=tuple(names))
         return _direct_compile(path, target, options, names)
-
-
-class _NoLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_nolock = _NoLock()
-
-
-def _uses_hiprtc(target: str) -> bool:
-    if not target.startswith("gfx"):
-        return False
-    from rocjit import toolchain
-    try:
-        return toolchain.choose_compiler(target) == "hiprtc"
-    except (RocjitError, ValueError):
-        return False
+    return rocjit_compile(path, target, options=options, name_expressions=tuple(names))
 
 
 def _direct_compile(path: Path, target: str, options, names):

@@ -264,7 +264,7 @@ def install(force: bool = False, log=print) -> Toolchain:
         try:
             apt, debs, tree = work / "apt", work / "debs", work / "tree"
             _write_apt_config(apt)
-            log(f"fetching package lists (bookworm, bookworm-security, forky) into a private apt state")
+            log("fetching package lists (bookworm, bookworm-security, forky) into a private apt state")
             _run(["apt-get", *_apt_options(apt), "-q", "update"], log)
             log(f"downloading {len(PACKAGES)} packages")
             _download(apt, [f"{p}/{suite}" for p, suite in PACKAGES], debs, log)
@@ -405,7 +405,6 @@ def _clang_command(tc: Toolchain, target, options, include_dirs, src: Path, out:
 
 def _clang_compile(tc: Toolchain, source: str, *, target, options, include_dirs, name_expressions,
                    filename) -> Compiled:
-    from rocjit.platform import hip
     compiler = f"clang-{LLVM_MAJOR} ({tc.version})"
     base = os.path.basename(filename) if filename and not filename.startswith("<") else "source.hip"
     with tempfile.TemporaryDirectory(prefix="rocjit-clang-") as tmp:

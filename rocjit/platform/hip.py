@@ -10,6 +10,7 @@ import functools
 import os
 import re
 import struct
+import threading
 from dataclasses import dataclass
 
 from rocjit.errors import CompileError, LaunchError, PlatformError
@@ -213,6 +214,15 @@ def compile(source: str, *, target: str, options=(), include_dirs=(), name_expre
     if not _has_std(options):
         opts.append("-std=c++17")
     opts += [f"-I{d}" for d in include_dirs] + [str(o) for o in options]
+    with _hiprtc_lock:
+        return _compile_locked(hiprtc, source, target, opts, name_expressions, filename)
+
+
+# hipRTC (comgr) in ROCm 5.x is not documented as thread-safe: one program at a time.
+_hiprtc_lock = threading.Lock()
+
+
+def _compile_locked(hiprtc, source, target, opts, name_expressions, filename) -> Compiled:
     prog = _ok(hiprtc.hiprtcCreateProgram(source.encode(), os.path.basename(filename).encode(), 0, [], []),
                "hiprtcCreateProgram")
     try:
@@ -369,7 +379,7 @@ def kernel_metadata(binary: bytes, mangled: str | None = None):
     raise KeyError(f"kernel {mangled!r} is not in the code object (it has: {names})")
 
 
-def param_layout(binary: bytes, module=None, fn=None, mangled: str | None = None):
+def param_layout(binary: bytes, module=None, fn=None, mangled: str | None = None, count: int | None = None):
     """[(offset, size)] of the explicit kernel arguments, from the code-object metadata."""
     try:
         meta = kernel_metadata(binary, mangled)
