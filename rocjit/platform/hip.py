@@ -529,15 +529,13 @@ def _dims(d) -> tuple[int, int, int]:
     return d + (1,) * (3 - len(d))
 
 
-def launch(fn: Function, grid, block, shared_mem, stream, kernel_params):
-    """hipModuleLaunchKernel with `kernel_params` (ctypes array of void*, one per parameter)."""
+def launch(fn: Function, grid, block, shared_mem, stream, kernel_params) -> int:
+    """hipModuleLaunchKernel with `kernel_params` (ctypes array of void*, one per parameter).
+    Returns HIP's error code (0 on success); the caller raises LaunchError with error_name(code)."""
     gx, gy, gz = _dims(grid)
     bx, by, bz = _dims(block)
-    err = _runtime_lib().hipModuleLaunchKernel(fn.ptr, gx, gy, gz, bx, by, bz, int(shared_mem),
-                                               int(stream or 0), ctypes.addressof(kernel_params), None)
-    if err:
-        raise LaunchError(f"hipModuleLaunchKernel of {fn.name} (grid {grid}, block {block}, "
-                          f"shared {shared_mem} B)", error_name(err))
+    return _runtime_lib().hipModuleLaunchKernel(fn.ptr, gx, gy, gz, bx, by, bz, int(shared_mem),
+                                                int(stream or 0), ctypes.addressof(kernel_params), None)
 
 
 def malloc(nbytes: int, dev: int) -> int:
