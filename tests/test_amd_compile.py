@@ -174,3 +174,21 @@ def test_no_gpu_is_reported_not_raised():
     assert hip.is_available() is False
     assert hip.unavailable_reason()
     assert hip.device_count() == 0
+
+
+def test_launch_calls_hip_module_launch_kernel(monkeypatch):
+    import ctypes
+    calls = []
+
+    class FakeLib:
+        def hipModuleLaunchKernel(self, *args):
+            calls.append(args)
+            return 0
+
+    monkeypatch.setattr(hip, "_runtime_lib", lambda: FakeLib())
+    params = (ctypes.c_void_p * 2)()
+    fn = hip.Function(handle=None, ptr=0x1234, name="k")
+    assert hip.launch(fn, (4, 2, 1), (256, 1, 1), 1024, 77, params) == 0
+    assert hip.launch(fn, 3, 64, 0, None, params) == 0
+    assert calls[0] == (0x1234, 4, 2, 1, 256, 1, 1, 1024, 77, ctypes.addressof(params), None)
+    assert calls[1][1:9] == (3, 1, 1, 64, 1, 1, 0, 0)
