@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 import sys
 import threading
 import warnings
@@ -22,6 +23,19 @@ _STATIC_SHARED_LIMIT = 48 * 1024
 _INT_RANGES = {ctypes.c_int8: (-2**7, 2**7 - 1), ctypes.c_uint8: (0, 2**8 - 1), ctypes.c_int16: (-2**15, 2**15 - 1),
                ctypes.c_uint16: (0, 2**16 - 1), ctypes.c_int32: (-2**31, 2**31 - 1), ctypes.c_uint32: (0, 2**32 - 1),
                ctypes.c_int64: (-2**63, 2**63 - 1), ctypes.c_uint64: (0, 2**64 - 1)}
+
+
+_STRUCT_CODES = {ctypes.c_int8: "b", ctypes.c_uint8: "B", ctypes.c_int16: "h", ctypes.c_uint16: "H",
+                 ctypes.c_int32: "i", ctypes.c_uint32: "I", ctypes.c_int64: "q", ctypes.c_uint64: "Q",
+                 ctypes.c_float: "f", ctypes.c_double: "d", ctypes.c_bool: "?"}
+
+
+def _struct_offsets(fmt: str) -> list[int]:
+    """Offset of each field of a native-aligned struct format (the kernel's parameter block layout)."""
+    offs = []
+    for i in range(1, len(fmt)):
+        offs.append(struct.calcsize(fmt[:i + 1]) - struct.calcsize(fmt[i]))
+    return offs
 
 
 def _dim3(v, what):
@@ -111,7 +125,7 @@ class Kernel:
         mod = _load_module(plat, co, dev, self)
         mangled = co.lowered.get(self.name, self.name)
         fn = plat.get_function(mod, mangled)
-        self._check_layout(plat.param_layout(co.binary, mod, fn, mangled))
+        self._check_layout(plat.param_layout(co.binary, mod, fn, mangled, count=len(self.params)))
         self._fns[dev] = fn
         self._shared_limit[dev] = _STATIC_SHARED_LIMIT
         if self._fast is None:
@@ -275,46 +289,36 @@ class Kernel:
         except ImportError:
             self._fast = False
             return
-        slots, params = self._fast_slots, self._fast_params = self._slots()
+        fmt, values, conds, names = self._fast_block_format()
+        if fmt is None:
+            self._fast = False
+            return
+        packer = struct.Struct(fmt)
+        block = ctypes.create_string_buffer(max(1, packer.size))
+        offsets = _struct_offsets(fmt)
+        params = (ctypes.c_void_p * max(1, len(offsets)))(*[ctypes.addressof(block) + o for o in offsets])
+        self._fast_block, self._fast_params = block, params     # keep the memory alive
         wrapped = {}
         env = {"Tensor": torch.Tensor, "get_ident": threading.get_ident, "owner": self._owner,
                "fns": wrapped, "limits": self._shared_limit, "raw_stream": torch._C._cuda_getCurrentRawStream,
                "launch": launch, "OK": ok, "paddr": ctypes.addressof(params), "general": self._launch_general,
                "stream_handle": arrays.stream_handle, "multi": plat.device_count() > 1,
-               "ensure_current": getattr(plat, "ensure_current", plat.set_current)}
+               "ensure_current": getattr(plat, "ensure_current", plat.set_current),
+               "pack": packer.pack_into, "block": block}
         self._fast_fns, self._wrap_fn = wrapped, wrap_fn
         for dev, fn in self._fns.items():
             wrapped[dev] = wrap_fn(fn)
-        conds, sets, names = [], [], []
+        sets = []
         for i, p in enumerate(self.params):
-            a = f"a{i}"
-            names.append(a)
-            env[f"s{i}"] = slots[i]
             if p.pointer:
-                dts = p.dtypes
-                conds.append(f"type({a}) is Tensor")
-                if dts is not None:
-                    tds = tuple(getattr(torch, d) for d in dts if hasattr(torch, d))
-                    env[f"D{i}"] = tds
-                    conds.append(f"{a}.dtype is D{i}[0]" if len(tds) == 1 else f"{a}.dtype in D{i}")
+                if p.dtypes is not None:
+                    env[f"D{i}"] = tuple(getattr(torch, d) for d in p.dtypes if hasattr(torch, d))
                 align = signature.POINTEE_ALIGN.get(p.ctype, 1)
-                sets.append(f"s{i}.value = {a}.data_ptr()")
+                sets.append(f"p{i} = a{i}.data_ptr()")
                 if align > 1:
-                    sets.append(f"if s{i}.value % {align}: return general((g0, g1, g2), (b0, b1, b2), args, "
+                    sets.append(f"if p{i} % {align}: return general((g0, g1, g2), (b0, b1, b2), args, "
                                 f"shared_mem, stream)")
-            else:
-                ct = signature.SCALAR_CTYPES.get(p.ctype)
-                if ct is None or p.ctype in signature.HALF_TYPES | signature.BF16_TYPES:
-                    self._fast = False
-                    return
-                if ct in (ctypes.c_float, ctypes.c_double):
-                    conds.append(f"(type({a}) is float or type({a}) is int)")
-                elif ct is ctypes.c_bool:
-                    conds.append(f"type({a}) is bool")
-                else:
-                    lo, hi = _INT_RANGES[ct]
-                    conds.append(f"type({a}) is int and {lo} <= {a} <= {hi}")
-                sets.append(f"s{i}.value = {a}")
+        sets.append(f"pack(block, 0, {', '.join(values)})")
         tensors = [f"a{i}" for i, p in enumerate(self.params) if p.pointer]
         if not tensors:
             self._fast = False  # nothing tells the device; the general path picks it
@@ -348,6 +352,34 @@ def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
         exec(compile(src, f"<rocjit launcher {self.name}>", "exec"), env)
         self._fast = env["fast"]
         self._configured.clear()   # later kernel[grid, block] lookups hand out the generated launcher directly
+
+    def _fast_block_format(self):
+        """struct format of the parameter block, the value expression and guard of each parameter, arg names."""
+        fmt, values, conds, names = "@", [], [], []
+        for i, p in enumerate(self.params):
+            a = f"a{i}"
+            names.append(a)
+            if p.pointer:
+                conds.append(f"type({a}) is Tensor")
+                if p.dtypes is not None:
+                    conds.append(f"{a}.dtype is D{i}[0]" if len(p.dtypes) == 1 else f"{a}.dtype in D{i}")
+                fmt += "P"
+                values.append(f"p{i}")
+                continue
+            ct = signature.SCALAR_CTYPES.get(p.ctype)
+            code = _STRUCT_CODES.get(ct)
+            if code is None or p.ctype in signature.HALF_TYPES | signature.BF16_TYPES:
+                return None, None, None, None       # by-value structs and 16-bit floats: general path
+            if code in "fd":
+                conds.append(f"(type({a}) is float or type({a}) is int)")
+            elif code == "?":
+                conds.append(f"type({a}) is bool")
+            else:
+                lo, hi = _INT_RANGES[ct]
+                conds.append(f"type({a}) is int and {lo} <= {a} <= {hi}")
+            fmt += code
+            values.append(a)
+        return fmt, values, conds, names
 
     def __repr__(self):
         return f"<rocjit.Kernel {self.name} from {self.module.filename}>"

@@ -33,7 +33,7 @@ class FakePlatform:
         self.mangled = mangled
         return 2
 
-    def param_layout(self, binary, module, fn, mangled):
+    def param_layout(self, binary, module, fn, mangled, count=None):
         return self.layout
 
     def set_current(self, dev):

@@ -11,7 +11,7 @@
     load_module(binary, dev) -> module     in the device's primary context
     get_function(module, mangled) -> fn
     function_info(fn) -> dict              num_regs, shared_bytes, local_bytes, max_threads
-    param_layout(binary, module, fn, mangled) -> list[(offset, size)] | None
+    param_layout(binary, module, fn, mangled, count=None) -> list[(offset, size)] | None
     set_max_dynamic_shared(fn, nbytes)
     launch(fn, grid, block, shared_mem, stream, kernel_params)
                                            kernel_params: ctypes array of void* (one per parameter)

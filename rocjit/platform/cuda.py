@@ -279,14 +279,16 @@ def function_info(fn: int) -> dict:
             "local_bytes": _func_attr(fn, _F_LOCAL), "max_threads": _func_attr(fn, _F_MAX_THREADS)}
 
 
-def param_layout(binary, module, fn: int, mangled: str):
-    """[(offset, size)] per kernel parameter, read from the loaded function (driver >= 12.4)."""
+def param_layout(binary, module, fn: int, mangled: str, count: int | None = None):
+    """[(offset, size)] per kernel parameter, read from the loaded function (driver >= 12.4). With `count` (the
+    source's parameter count) only those are asked for: probing past the end is an API error that
+    compute-sanitizer reports."""
     out, off, size = [], ctypes.c_size_t(), ctypes.c_size_t()
-    for i in range(4096):
+    for i in range(4096 if count is None else count):
         err = _drv().cuFuncGetParamInfo(fn, i, ctypes.byref(off), ctypes.byref(size))
         if err != _SUCCESS:
             # CUDA_ERROR_INVALID_VALUE past the last parameter; older drivers lack the call entirely.
-            return out if i > 0 or err == 1 else None
+            return out if (i > 0 or err == 1) else None
         out.append((off.value, size.value))
     return out
 

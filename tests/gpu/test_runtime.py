@@ -304,7 +304,7 @@ def test_example_clean_under_compute_sanitizer(tmp_path):
         "n = 10007\n"
         "x = torch.randn(n, device='cuda'); y = torch.randn(n, device='cuda'); ref = 3 * x + y\n"
         "k[(n + 255) // 256, 256](3.0, x, y, n)\n"
-        "torch.cuda.synchronize(); assert torch.allclose(y, ref)\n"
+        "torch.cuda.synchronize(); assert torch.allclose(y, ref, atol=1e-5)\n"
         "print('example ok')\n")
     out = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "9", sys.executable, str(script)],
                          capture_output=True, text=True, timeout=300)
