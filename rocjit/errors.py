@@ -21,9 +21,10 @@ class CompileError(RocjitError):
 
     @staticmethod
     def first_error_line(log: str, filename: str):
-        for pat in (rf"{re.escape(filename)}\((\d+)\): error", rf"{re.escape(filename)}:(\d+):\d+: error",
-                    r"\((\d+)\): error", r":(\d+):\d+: error"):
-            m = re.search(pat, log)
+        # only errors in the source itself: a line number inside an included header would point at the wrong text
+        for pat in (rf"(?:^|[\s/]){re.escape(filename)}\((\d+)\): (?:catastrophic )?error",
+                    rf"(?:^|[\s/]){re.escape(filename)}:(\d+):\d+: (?:fatal )?error"):
+            m = re.search(pat, log, re.M)
             if m:
                 return int(m.group(1))
         return None

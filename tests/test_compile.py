@@ -76,3 +76,12 @@ def test_no_gpu_gives_clear_platform_error(monkeypatch):
         pytest.skip("a GPU is present")
     with pytest.raises(rocjit.PlatformError, match="ROCJIT_PLATFORM=cuda but no cuda GPU is visible"):
         platform.get()
+
+
+def test_error_in_a_header_does_not_point_into_the_source():
+    from rocjit.errors import CompileError
+    log = "In file included from k.hip:8:\n/x/rocjit/types.h:78:12: error: use of undeclared identifier\n"
+    assert CompileError.first_error_line(log, "k.hip") is None
+    assert CompileError.first_error_line("k.hip:12:3: error: boom", "k.hip") == 12
+    assert CompileError.first_error_line("kernel.hip(7): error: identifier", "kernel.hip") == 7
+    assert CompileError.first_error_line("other_kernel.hip(7): error: x", "kernel.hip") is None
