@@ -302,7 +302,7 @@ class Kernel:
         env = {"Tensor": torch.Tensor, "get_ident": threading.get_ident, "owner": self._owner,
                "fns": wrapped, "limits": self._shared_limit, "raw_stream": torch._C._cuda_getCurrentRawStream,
                "launch": launch, "OK": ok, "paddr": ctypes.addressof(params), "general": self._launch_general,
-               "stream_handle": arrays.stream_handle, "multi": plat.device_count() > 1,
+               "stream_handle": arrays.stream_handle,
                "ensure_current": getattr(plat, "ensure_current", plat.set_current),
                "pack": packer.pack_into, "block": block}
         self._fast_fns, self._wrap_fn = wrapped, wrap_fn
@@ -312,7 +312,8 @@ class Kernel:
         for i, p in enumerate(self.params):
             if p.pointer:
                 if p.dtypes is not None:
-                    env[f"D{i}"] = tuple(getattr(torch, d) for d in p.dtypes if hasattr(torch, d))
+                    tds = tuple(getattr(torch, d) for d in p.dtypes if hasattr(torch, d))
+                    env[f"D{i}"] = tds[0] if len(tds) == 1 and len(p.dtypes) == 1 else tds
                 align = signature.POINTEE_ALIGN.get(p.ctype, 1)
                 sets.append(f"p{i} = a{i}.data_ptr()")
                 if align > 1:
@@ -343,8 +344,7 @@ def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
                     st = stream
                 else:
                     st = stream_handle(stream)
-                if multi:
-                    ensure_current(dev)
+{"                ensure_current(dev)" if plat.device_count() > 1 else ""}
                 if launch(fn, g0, g1, g2, b0, b1, b2, shared_mem, st, paddr, 0)[0] is OK:
                     return
     return general((g0, g1, g2), (b0, b1, b2), args, shared_mem, stream)
@@ -362,7 +362,7 @@ def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
             if p.pointer:
                 conds.append(f"type({a}) is Tensor")
                 if p.dtypes is not None:
-                    conds.append(f"{a}.dtype is D{i}[0]" if len(p.dtypes) == 1 else f"{a}.dtype in D{i}")
+                    conds.append(f"{a}.dtype is D{i}" if len(p.dtypes) == 1 else f"{a}.dtype in D{i}")
                 fmt += "P"
                 values.append(f"p{i}")
                 continue
