@@ -13,6 +13,7 @@ portable kernel (gemv.hip: P threads per row, shuffle reductions, int8/int4 dequ
 registers); the tuner picks per shape bucket.
 """
 import functools
+import sys
 from typing import Optional
 
 from rocjit import tune
@@ -173,6 +174,7 @@ def gemv(w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
             ot.copy_(y)
             y = ot
     else:
+        _torch_op()   # registered eagerly: torch.compile cannot register it while tracing
         y = _launch(wt, xt, st, zt, group_size, ot)
     if out is not None and fw == "numpy":
         import numpy as np
@@ -181,3 +183,7 @@ def gemv(w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
     if out is not None and fw != "torch":
         return out
     return C.convert_outputs(y, fw)
+
+
+if "torch" in sys.modules:     # torch already loaded: register now, so a first call under torch.compile finds it
+    _torch_op()

@@ -9,6 +9,7 @@ portable kernel (gemv.hip) elsewhere; split-K reductions run in a fixed order (d
 Configs come from rocjit.tune (tuned once per shape bucket, then persisted).
 """
 import functools
+import sys
 from typing import Optional
 
 from rocjit import tune
@@ -279,6 +280,7 @@ def skinny_gemm(a, w, *, scale_a=None, scale_w=None, out_dtype=None, out=None):
             ot.copy_(y)
             y = ot
     else:
+        _torch_op()   # registered eagerly: torch.compile cannot register it while tracing
         y = _launch(at, wt, sa, sw, out_dtype, ot)
     if out is not None and fw != "torch":
         return out if fw != "numpy" else _copy_back(out, y)
@@ -289,3 +291,7 @@ def _copy_back(host, y):
     import numpy as np
     np.copyto(host, C.from_torch(y, "numpy"))
     return host
+
+
+if "torch" in sys.modules:     # torch already loaded: register now, so a first call under torch.compile finds it
+    _torch_op()

@@ -16,7 +16,7 @@ def _weights(kind, xdt, N, K, g):
     if kind == "i8":
         q, s = Q.quantize_int8(w, scale_dtype=xdt)
         return q, {"w_scale": s}, 5e-3
-    gs = int(kind[2:])
+    gs = int(kind[3:])
     p, s, z = Q.quantize_int4(w, gs, scale_dtype=torch.float32 if gs == 64 else xdt)
     return p, {"w_scale": s, "w_zero": z, "group_size": gs}, 5e-3
 
