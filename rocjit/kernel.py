@@ -226,6 +226,9 @@ class Kernel:
         if shared_mem < 0:
             raise ValueError(f"shared_mem must be >= 0, got {shared_mem}")
         self._raise_shared_limit(plat, fn, dev, shared_mem)
+        if staged and _capturing(uses_torch):
+            raise ArgumentError(f"kernel {self.name}: numpy arguments are copied to and from the device around the "
+                                f"launch, which a graph capture cannot record; pass device arrays inside capture")
         buffers = []
         try:
             for i, st, p in staged:
