@@ -29,9 +29,9 @@ __launch_bounds__(kBlock) __global__ void quant_rows_kernel(unsigned char* q, fl
         out_mul = F::max / m;
         if (blockIdx.x == 0 && threadIdx.x == 0) scales[0] = m / F::max;
     }
-    const long long group = (long long)blockIdx.x * kGroupsPerBlock + threadIdx.x / kRowThreads;
-    const int row = (int)(group / tiles_per_row);
-    const int tile = (int)(group % tiles_per_row);
+    const int group = blockIdx.x * kGroupsPerBlock + threadIdx.x / kRowThreads;  // rows * tiles < 2^31
+    const int row = group / tiles_per_row;
+    const int tile = group % tiles_per_row;
     const int lane = threadIdx.x % kRowThreads;
     const bool valid = row < rows;
     const long long base = (long long)row * hidden;

@@ -43,7 +43,7 @@ __launch_bounds__(kBlock) __global__ void rms_norm_kernel(void* out, float* row_
         for (int i = 0; i < kChunk; ++i) sum_sq += f[i] * f[i];
     }
     sum_sq = row_reduce<SumOp, kRowThreads>(sum_sq, scratch);
-    const float inv_rms = rsqrtf(sum_sq / (float)hidden + eps);
+    const float inv_rms = 1.0f / sqrtf(sum_sq / (float)hidden + eps);  // correctly rounded, unlike rsqrtf
 
     float amax = 0.0f;
     if (kQuant == kQuantToken) {

@@ -16,9 +16,9 @@ __launch_bounds__(kBlock) __global__ void swiglu_kernel(void* out, float* row_sc
     static_assert(kRowThreads <= kWaveSize || kRowThreads == kBlock, "a row spans a wave or the whole block");
     constexpr int kGroupsPerBlock = kBlock / kRowThreads;
     __shared__ float scratch[1024 / kWaveSize];
-    const long long group = (long long)blockIdx.x * kGroupsPerBlock + threadIdx.x / kRowThreads;
-    const int row = (int)(group / tiles_per_row);
-    const int tile = (int)(group % tiles_per_row);
+    const int group = blockIdx.x * kGroupsPerBlock + threadIdx.x / kRowThreads;  // rows * tiles < 2^31
+    const int row = group / tiles_per_row;
+    const int tile = group % tiles_per_row;
     const int lane = threadIdx.x % kRowThreads;
     const bool valid = row < rows;
     const T* gate = gate_up + (long long)row * 2 * d;

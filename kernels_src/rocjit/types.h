@@ -74,8 +74,10 @@ ROCJIT_INLINE float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-#else
+#elif __has_builtin(__builtin_amdgcn_exp2f)
     return __builtin_amdgcn_exp2f(x);
+#else
+    return exp2f(x);  // older clang (ROCm 5 hipRTC): the device library's exp2
 #endif
 }
 

@@ -7,6 +7,12 @@ from rocjit.ops.norm import rms_norm
 from rocjit.ops.swiglu import swiglu
 from rocjit.ops.quant import quantize_fp8, quantize_fp8_dual, quantize_fp8_weight
 
+import sys as _sys
+
+if "torch" in _sys.modules:  # torch is already loaded: register the custom ops for torch.compile now
+    from rocjit.ops._common import register_custom_ops as _register
+    _register()
+
 __all__ = ["rms_norm", "swiglu", "quantize_fp8", "quantize_fp8_weight", "quantize_fp8_dual"]
 
 

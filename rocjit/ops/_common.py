@@ -16,12 +16,16 @@ FP8_FORMATS = {
 KERNEL_TYPES = {"float16": "__half", "bfloat16": "__hip_bfloat16"}
 
 
+_torch_mod = None
+
+
 def torch():
     """The torch module, imported on first use (``import rocjit`` never imports it)."""
-    mod = sys.modules.get("torch")
-    if mod is None:
+    global _torch_mod
+    if _torch_mod is None:
         import torch as mod
-    return mod
+        _torch_mod = mod
+    return _torch_mod
 
 
 # ----------------------------------------------------------------------------- argument checks
@@ -64,20 +68,28 @@ def cbool(v: bool) -> str:
 
 
 # ----------------------------------------------------------------------------- FP8 formats
-@functools.lru_cache(maxsize=None)
+_native: dict[int, str] = {}
+
+
 def native_fp8(device_index: int = 0) -> str:
     """The device's own FP8 format: e4m3fnuz on gfx942 (MI300), e4m3fn on NVIDIA and gfx950."""
-    from rocjit import platform
-    plat = platform.get()
-    if plat.NAME == "hip" and plat.device_target(device_index).split(":")[0] in ("gfx940", "gfx941", "gfx942"):
-        return "e4m3fnuz"
-    return "e4m3fn"
+    fmt = _native.get(device_index)
+    if fmt is None:
+        from rocjit import platform
+        plat = platform.get()
+        gfx942 = plat.NAME == "hip" and plat.device_target(device_index).split(":")[0] in ("gfx940", "gfx941", "gfx942")
+        fmt = _native[device_index] = "e4m3fnuz" if gfx942 else "e4m3fn"
+    return fmt
 
 
 def fp8_format(fmt, device) -> str:
     """Validate an explicit format or pick the device's native one."""
     if fmt is None:
-        return native_fp8(device.index or 0 if device is not None else 0)
+        index = (device.index or 0) if device is not None else 0
+        if compiling() and index not in _native:
+            # traced code cannot query the driver: CUDA builds of torch mean NVIDIA (e4m3fn)
+            return "e4m3fn" if torch().version.hip is None else native_fp8(index)
+        return native_fp8(index)
     if fmt not in FP8_FORMATS:
         raise ValueError(f"fp8 format must be one of {sorted(FP8_FORMATS)}, got {fmt!r}")
     return fmt
@@ -195,8 +207,7 @@ def custom_op(name: str, impl, fake, *, mutates_args=(), schema_fn=None):
 
 def compiling() -> bool:
     """True while torch.compile / dynamo traces (then ops dispatch through torch.ops.rocjit.*)."""
-    tm = sys.modules.get("torch")
-    return tm is not None and tm.compiler.is_compiling()
+    return _torch_mod is not None and _torch_mod.compiler.is_compiling()
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,6 +215,16 @@ def module(filename: str):
     """The library's kernel source as a rocjit.Module (one per file)."""
     from rocjit.kernel import Module
     return Module(filename)
+
+
+def register_custom_ops():
+    """Register every torch.ops.rocjit.* op now (needed before torch.compile traces a first call)."""
+    import importlib
+    norm, quant, swiglu = (importlib.import_module(f"rocjit.ops.{m}") for m in ("norm", "quant", "swiglu"))
+    norm._torch_op()
+    swiglu._torch_op()
+    for name in ("quantize_fp8", "quantize_fp8_weight", "quantize_fp8_dual"):
+        quant._torch_op(name)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -228,8 +249,8 @@ def row_config(chunks: int, rows: int, sms: int, wave: int, *, reduce: bool) -> 
             raise ValueError(f"rows of {chunks * 8} elements are too long to keep in registers (max {1024 * 16 * 8})")
         tiles = 1
     else:
-        per_thread = 2 if chunks >= 512 else 1
-        threads = min(256, next_pow2(ceil_div(chunks, per_thread)))
+        per_thread = 2 if chunks >= 512 and rows >= sms else 1
+        threads = min(256 if rows >= sms else 128, next_pow2(ceil_div(chunks, per_thread)))
         tiles = ceil_div(chunks, threads * per_thread)
     block = threads if threads > wave else max(threads, 256)
     return threads, block, per_thread, tiles

@@ -14,7 +14,7 @@ from typing import Optional
 from rocjit.ops import _common as C
 
 _QUANT = {None: 0, "static": 1, "per_token": 2}
-_kernels = {}
+_plans = {}  # shape / dtype / mode -> configured launcher
 
 
 def rms_norm(x, weight, eps: float = 1e-6, *, residual=None, scale=None, quant=None, out=None, fp8_format=None):
@@ -56,8 +56,6 @@ def _check(op, x, w, r, scale):
     C.check_tensor(op, "x", x, dtypes=C.half_dtypes())
     if x.dim() < 1:
         raise ValueError(f"{op}: x must be [..., hidden], got a scalar")
-    if not x.is_cuda:
-        raise ValueError(f"{op}: x must be on a GPU, got {x.device}")
     hidden = x.shape[-1]
     C.check_tensor(op, "weight", w, dtypes=(x.dtype,), shape=(hidden,), device=x.device)
     if r is not None:
@@ -66,6 +64,8 @@ def _check(op, x, w, r, scale):
         C.check_tensor(op, "scale", scale, dtypes=(C.torch().float32,), device=x.device)
         if scale.numel() != 1:
             raise ValueError(f"{op}: scale must hold one element, got shape {tuple(scale.shape)}")
+    if not x.is_cuda:
+        raise ValueError(f"{op}: x must be on a GPU, got {x.device}")
 
 
 def _launch(x, w, eps, r, scale, quant, fmt, out):
@@ -79,22 +79,22 @@ def _launch(x, w, eps, r, scale, quant, fmt, out):
     else:
         C.check_tensor("rms_norm", "out", out, dtypes=(out_dtype,), shape=tuple(x.shape), device=x.device)
     dev = x.device.index or 0
-    scales = tm.empty((rows, 1) if qmode == 2 else (0,), dtype=tm.float32, device=x.device)
+    scales = tm.empty((rows, 1), dtype=tm.float32, device=x.device) if qmode == 2 else None
     if rows == 0 or hidden == 0:
         return out, scales
-    info = C.device_info(dev)
-    threads, block, per_thread, _ = C.row_config(C.ceil_div(hidden, 8), rows, info["sms"], info["wave"], reduce=True)
-    ptrs = [x, w, out] + ([r] if r is not None else [])
-    is_aligned = hidden % 8 == 0 and C.aligned(*ptrs)
-    name = (f"rms_norm_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {qmode}, {C.cbool(r is not None)}, "
-            f"{threads}, {block}, {per_thread}, {C.cbool(is_aligned)}>")
-    k = _kernels.get(name)
-    if k is None:
-        k = _kernels[name] = C.module("rms_norm.hip")[name]
+    is_aligned = hidden % 8 == 0 and C.aligned(x, w, out) and (r is None or C.aligned(r))
+    key = (rows, hidden, x.dtype, qmode, fmt, r is not None, is_aligned, dev)
+    launch = _plans.get(key)
+    if launch is None:
+        info = C.device_info(dev)
+        threads, block, per_thread, _ = C.row_config(C.ceil_div(hidden, 8), rows, info["sms"], info["wave"],
+                                                     reduce=True)
+        name = (f"rms_norm_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {qmode}, {C.cbool(r is not None)}, "
+                f"{threads}, {block}, {per_thread}, {C.cbool(is_aligned)}>")
+        launch = _plans[key] = C.module("rms_norm.hip")[name][C.ceil_div(rows, block // threads), block]
     dummy = C.dummy_f32(dev)
-    grid = C.ceil_div(rows, block // threads)
-    k[grid, block](out, scales if qmode == 2 else dummy, x, r if r is not None else x, w,
-                   scale if scale is not None else dummy, rows, hidden, eps)
+    launch(out, scales if scales is not None else dummy, x, r if r is not None else x, w,
+           scale if scale is not None else dummy, rows, hidden, eps)
     return out, scales
 
 
@@ -110,7 +110,8 @@ def _torch_op():
 
         def impl(x: Tensor, weight: Tensor, eps: float, residual: Optional[Tensor], scale: Optional[Tensor],
                  quant: str, fmt: str) -> tuple[Tensor, Tensor]:
-            return _launch(x, weight, eps, residual, scale, None if quant == "none" else quant, fmt, None)
+            y, scales = _launch(x, weight, eps, residual, scale, None if quant == "none" else quant, fmt, None)
+            return y, scales if scales is not None else x.new_empty((0,), dtype=tm.float32)
 
         def fake(x, weight, eps, residual, scale, quant, fmt):
             dtype = x.dtype if quant == "none" else C.fp8_torch_dtype(fmt)

@@ -40,10 +40,10 @@ def _prepare(op, x, fp8_format, block=BLOCK, two_d=False):
 
 def quantize_fp8(x, *, scale=None, granularity="tensor", block=BLOCK, fp8_format=None):
     op = "quantize_fp8"
-    xt, fw, fmt = _prepare(op, x, fp8_format, block)
-    tm = C.torch()
     if granularity not in ("tensor", "token", "block"):
         raise ValueError(f"{op}: granularity must be 'tensor', 'token' or 'block', got {granularity!r}")
+    xt, fw, fmt = _prepare(op, x, fp8_format, block)
+    tm = C.torch()
     if scale is not None:
         if granularity != "tensor":
             raise ValueError(f"{op}: a static scale= goes with granularity='tensor'")
@@ -103,7 +103,7 @@ def _blocks(x, q_row, s_row, q_col, s_col, kmode, fmt):
     M, K = x.shape
     dev = x.device.index or 0
     dummy = C.dummy_f32(dev)
-    tile_rows = BLOCK if kmode & (_COL_BLOCKS | _TILE) else (16 if M <= 2048 else 32)
+    tile_rows = BLOCK if kmode & (_COL_BLOCKS | _TILE) else (16 if M <= 2048 else 64)
     outs = [t for t in (q_row, q_col) if t is not None]
     is_aligned = K % 8 == 0 and C.aligned(x) and C.aligned(*outs, to=8)
     name = (f"quant_blocks_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {kmode}, {tile_rows}, "

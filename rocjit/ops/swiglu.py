@@ -9,7 +9,7 @@ from typing import Optional
 from rocjit.ops import _common as C
 
 _QUANT = {None: 0, "static": 1, "per_token": 2}
-_kernels = {}
+_plans = {}  # shape / dtype / mode -> (configured launcher, tiles per row)
 
 
 def swiglu(gate_up, *, scale=None, quant=None, out=None, fp8_format=None):
@@ -59,21 +59,25 @@ def _launch(x, scale, quant, fmt, out):
     else:
         C.check_tensor("swiglu", "out", out, dtypes=(out_dtype,), shape=shape, device=x.device)
     dev = x.device.index or 0
-    scales = tm.empty((rows, 1) if qmode == 2 else (0,), dtype=tm.float32, device=x.device)
+    scales = tm.empty((rows, 1), dtype=tm.float32, device=x.device) if qmode == 2 else None
     if rows == 0 or d == 0:
         return out, scales
-    info = C.device_info(dev)
-    threads, block, per_thread, tiles = C.row_config(C.ceil_div(d, 8), rows, info["sms"], info["wave"],
-                                                     reduce=qmode == 2)
     is_aligned = d % 8 == 0 and C.aligned(x, out)
-    name = (f"swiglu_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {qmode}, {threads}, {block}, {per_thread}, "
-            f"{C.cbool(is_aligned)}>")
-    k = _kernels.get(name)
-    if k is None:
-        k = _kernels[name] = C.module("swiglu.hip")[name]
+    key = (rows, d, x.dtype, qmode, fmt, is_aligned, dev)
+    plan = _plans.get(key)
+    if plan is None:
+        info = C.device_info(dev)
+        threads, block, per_thread, tiles = C.row_config(C.ceil_div(d, 8), rows, info["sms"], info["wave"],
+                                                         reduce=qmode == 2)
+        if rows * tiles >= 2 ** 31:
+            raise ValueError(f"swiglu: {rows} rows are too many for one launch")
+        name = (f"swiglu_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {qmode}, {threads}, {block}, "
+                f"{per_thread}, {C.cbool(is_aligned)}>")
+        launch = C.module("swiglu.hip")[name][C.ceil_div(rows * tiles, block // threads), block]
+        plan = _plans[key] = (launch, tiles)
+    launch, tiles = plan
     dummy = C.dummy_f32(dev)
-    grid = C.ceil_div(rows * tiles, block // threads)
-    k[grid, block](out, scales if qmode == 2 else dummy, x, scale if scale is not None else dummy, rows, d, tiles)
+    launch(out, scales if scales is not None else dummy, x, scale if scale is not None else dummy, rows, d, tiles)
     return out, scales
 
 
@@ -87,7 +91,8 @@ def _torch_op():
         Tensor = tm.Tensor
 
         def impl(gate_up: Tensor, scale: Optional[Tensor], quant: str, fmt: str) -> tuple[Tensor, Tensor]:
-            return _launch(gate_up, scale, None if quant == "none" else quant, fmt, None)
+            y, scales = _launch(gate_up, scale, None if quant == "none" else quant, fmt, None)
+            return y, scales if scales is not None else gate_up.new_empty((0,), dtype=tm.float32)
 
         def fake(gate_up, scale, quant, fmt):
             d = gate_up.shape[-1] // 2

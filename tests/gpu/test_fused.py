@@ -35,13 +35,19 @@ def check_half(got, ref, dtype):
 
 
 def check_fp8(got, ref_values, fmt):
-    """>= 99.9% of bytes equal to the reference quantizer, the rest within one fp8 step; NaN where ref is NaN."""
+    """>= 99.9% of bytes equal to the reference quantizer, the rest within one fp8 step; NaN where ref is NaN.
+
+    Values within 1e-6 (relative) of an fp8 rounding boundary are left out of the 99.9% count: there fp32
+    arithmetic legitimately decides the side, and bf16 data makes exact ties common (per-row quantization of
+    x * w / amax cancels the rms, leaving ratios of short products). They must still be within one step."""
     codes = got.view(torch.uint8).cpu().numpy().reshape(ref_values.shape)
     want = C.fp8_reference(ref_values, fmt)
     nan = np.isnan(ref_values)
     assert np.isnan(C.fp8_decode(codes[nan], fmt)).all()
+    v = ref_values[~nan]
+    boundary = C.fp8_reference(v * (1 - 1e-6), fmt) != C.fp8_reference(v * (1 + 1e-6), fmt)
     c, w = codes[~nan].astype(int), want[~nan].astype(int)
-    equal = c == w
+    equal = (c == w) | boundary
     if c.size:
         assert equal.mean() >= 0.999, f"only {equal.mean():.5f} of fp8 bytes match ({(~equal).sum()} of {c.size})"
         near = (np.abs((c & 0x7F) - (w & 0x7F)) <= 1) & ((((c ^ w) & 0x80) == 0) | ((c & 0x7F) <= 1))
