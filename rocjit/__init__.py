@@ -10,9 +10,11 @@ Importing rocjit is cheap: vendor bindings, torch and the kernel library load on
 __version__ = "0.1.0"
 
 from rocjit.errors import ArgumentError, CompileError, LaunchError, PlatformError, RocjitError  # noqa: E402
+# Bound eagerly (the module is light): a lazily bound name would be replaced by the submodule `rocjit.kernel`
+# as soon as anything imports that submodule by its full name.
+from rocjit.kernel import Kernel, Module, kernel  # noqa: E402
 
 _LAZY = {
-    "kernel": ("rocjit.kernel", "kernel"), "Module": ("rocjit.kernel", "Module"), "Kernel": ("rocjit.kernel", "Kernel"),
     "In": ("rocjit.arrays", "In"), "Out": ("rocjit.arrays", "Out"), "InOut": ("rocjit.arrays", "InOut"),
     "compile": ("rocjit.compiler", "compile"), "CodeObject": ("rocjit.compiler", "CodeObject"),
     "kernels_src_dir": ("rocjit.compiler", "kernels_src_dir"),
@@ -20,7 +22,8 @@ _LAZY = {
     "platform": ("rocjit.platform", None), "cache": ("rocjit.cache", None),
 }
 
-__all__ = ["ArgumentError", "CompileError", "LaunchError", "PlatformError", "RocjitError", *_LAZY]
+__all__ = ["ArgumentError", "CompileError", "LaunchError", "PlatformError", "RocjitError", "kernel", "Module", "Kernel",
+           *_LAZY]
 
 
 def __getattr__(name):
