@@ -1,0 +1,58 @@
+"""The benchmark result format, table and plot (no GPU needed)."""
+import json
+import subprocess
+import sys
+
+from rocjit.bench import harness
+
+
+def _result():
+    r = {"suite": "norm", "gpu": "NVIDIA H100 80GB HBM3", "commit": "abc1234", "date": "2026-01-01T00:00:00Z",
+         "ceilings": {"copy_GBps": 3000.0}, "rows": []}
+    for rows in (1, 2, 4):
+        harness.add_row(r, "add_rms_fp8", [rows, 16384], "float16", 5.0 * rows,
+                        {"torch_compile": 8.0 * rows, "eager": 30.0 * rows},
+                        harness.floor_us(rows * 16384 * 7, r["ceilings"]))
+    return r
+
+
+def test_rows_have_the_shared_shape():
+    r = _result()
+    row = r["rows"][0]
+    assert set(row) == {"case", "shape", "dtype", "ours_us", "peers_us", "floor_us"}
+    assert abs(row["floor_us"] - 16384 * 7 / 3000e9 * 1e6) < 1e-9
+    json.dumps(r)
+
+
+def test_table_reports_speedups_and_sol():
+    text = harness.format_table(_result())
+    header, first = text.splitlines()[:2]
+    assert "speedup_vs_torch_compile" in header and "SOL%" in header
+    assert "1.60x" in first and "6.00x" in first          # 8/5 and 30/5
+
+
+def test_plot_writes_png(tmp_path):
+    p = tmp_path / "norm.png"
+    harness.plot(_result(), str(p))
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_slug():
+    assert harness.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert harness.gpu_slug("NVIDIA H200") == "h200"
+    assert harness.gpu_slug("AMD Instinct MI300X") == "mi300x"
+
+
+def test_rotation_count_exceeds_l2():
+    n = harness.rotation_count(10 << 20, l2_bytes=50 << 20)
+    assert n * (10 << 20) > 2 * (50 << 20)
+    assert harness.rotation_count(1 << 30, l2_bytes=50 << 20) == 2
+
+
+def test_bench_all_without_gpu_skips_cleanly():
+    torch = __import__("pytest").importorskip("torch")
+    if torch.cuda.is_available():
+        __import__("pytest").skip("a GPU is present: `bench all` would run every suite")
+    out = subprocess.run([sys.executable, "-m", "rocjit", "bench", "all"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "benchmarks skipped" in out.stdout
