@@ -228,7 +228,15 @@ def _amd_isa(binary: bytes) -> dict | None:
             # s_code_end is padding the assembler puts after the last function
             if not op.startswith((";", "//")) and op != "s_code_end":
                 current.append(op)
-    return {name: _opcode_counts(ops, _AMD_RULES) for name, ops in per_kernel.items()}
+    return {name: _opcode_counts(_strip_padding(ops), _AMD_RULES) for name, ops in per_kernel.items()}
+
+
+def _strip_padding(ops: list[str]) -> list[str]:
+    """Drop what follows a function's last s_endpgm: the s_nop / s_code_end fill that aligns the next symbol."""
+    for i in range(len(ops) - 1, -1, -1):
+        if ops[i] == "s_endpgm":
+            return ops[:i + 1]
+    return ops
 
 
 def _nvidia_sass(path: str) -> tuple[dict | None, str | None]:

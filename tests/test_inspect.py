@@ -205,3 +205,11 @@ def test_inspect_entry_points(clang):
 def test_inspect_rejects_ptx():
     with pytest.raises(ValueError, match="ptx"):
         resources(Compiled(b"//ptx", "ptx", "compute_90"))
+
+
+def test_amd_instruction_count_excludes_alignment_padding():
+    import importlib
+    ins = importlib.import_module("rocjit.inspect")
+    ops = ["s_load_dword", "v_add_u32", "s_endpgm", "s_nop", "s_nop", "s_code_end"]
+    assert ins._strip_padding(ops) == ops[:3]
+    assert ins._strip_padding(["s_nop"]) == ["s_nop"]
