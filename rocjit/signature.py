@@ -97,6 +97,9 @@ def _split_top(text: str, sep=","):
 
 def _template_params(prefix: str) -> list[str]:
     """Names of the template parameters in the `template <...>` right before a kernel."""
+    # attributes and specifiers may stand between the template header and __global__
+    prefix = re.sub(r"(__launch_bounds__|__attribute__)\s*\((?:[^()]|\([^()]*\))*\)", " ", prefix)
+    prefix = re.sub(r"\b(static|inline|__forceinline__|extern\s*\"C\")\s*", " ", prefix)
     m = re.search(r"template\s*<(.*)>\s*$", prefix, re.S)
     if not m:
         return []

@@ -39,3 +39,10 @@ def test_kernels_found_and_comments_ignored():
 def test_unresolved_template_type_accepts_any_dtype():
     p = signature.parse(SRC, "scale")
     assert p[0].ctype == "T" and p[0].dtypes is None
+
+
+def test_attributes_between_template_header_and_global():
+    src = ("template <typename T, int N>\n__launch_bounds__(256) __global__ void a(const T* x, int n) {}\n"
+           "template <typename T>\n__global__ void __launch_bounds__(128, 2) b(T* y) {}\n")
+    assert signature.parse(src, "a<__half, 4>")[0].ctype == "__half"
+    assert signature.parse(src, "b<float>")[0].dtypes == ("float32",)
