@@ -256,9 +256,9 @@ class Kernel:
             if staged or _debug():
                 if not _capturing(uses_torch):
                     plat.check_last(dev)
-            for i, st, p in staged:
+            for (_, st, p), ptr in zip(staged, buffers):
                 if st.copy_out and not p.const and st.array.nbytes:
-                    _copy_back(plat, st.array, buffers[[j for j, _, _ in staged].index(i)])
+                    _copy_back(plat, st.array, ptr)
         finally:
             for ptr in buffers:
                 plat.free(ptr)
