@@ -68,6 +68,27 @@ def test_row_config_covers_the_row(chunks, rows, wave):
             assert tiles == 1
 
 
+@pytest.mark.parametrize("chunks", [1, 126, 512, 2048, 2049, 4096])
+@pytest.mark.parametrize("rows", [1, 8, 9, 2048])
+def test_split_config_covers_the_row(chunks, rows):
+    cfg = C.split_config(chunks, rows, 132, 32)
+    if cfg is None:
+        return
+    split, threads, per_thread = cfg
+    assert 2 <= split <= C.MAX_CLUSTER and threads % 32 == 0 and threads <= 1024
+    assert split * threads * per_thread >= chunks
+
+
+@pytest.mark.parametrize("chunks", [1, 7, 126, 513, 832, 2048])
+@pytest.mark.parametrize("rows", [1, 2048])
+@pytest.mark.parametrize("per_thread", [1, 2])
+def test_tile_config_covers_the_row(chunks, rows, per_thread):
+    threads, pt, tiles = C.tile_config(chunks, rows, 132, 32, per_thread=per_thread)
+    assert threads % 32 == 0 and 32 <= threads <= 1024 and pt == per_thread
+    assert threads * pt * tiles >= chunks
+    assert threads * pt * (tiles - 1) < chunks  # no tile is entirely idle
+
+
 def test_import_does_not_load_torch():
     code = "import sys, rocjit, rocjit.ops; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -81,10 +81,25 @@ ROCJIT_INLINE float fast_exp2(float x) {
 #endif
 }
 
-// sigmoid(x) = 1 / (1 + e^-x) with e^-x = 2^(-x log2 e): one exp2 and one reciprocal.
+// 1 / x on the hardware's reciprocal unit (NVIDIA rcp.approx, AMD v_rcp_f32: within 1 ulp; subnormal
+// inputs and results flush to zero). The IEEE division it replaces is a branch and a slow-path call
+// per element, which serialises the elements of a thread.
+ROCJIT_INLINE float fast_rcp(float x) {
+#if ROCJIT_NVIDIA
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#elif __has_builtin(__builtin_amdgcn_rcpf)
+    return __builtin_amdgcn_rcpf(x);
+#else
+    return 1.0f / x;
+#endif
+}
+
+// sigmoid(x) = 1 / (1 + e^-x) with e^-x = 2^(-x log2 e): one exp2 and one hardware reciprocal.
 ROCJIT_INLINE float sigmoid(float x) {
     constexpr float kLog2e = 1.4426950408889634f;
-    return 1.0f / (1.0f + fast_exp2(-x * kLog2e));
+    return fast_rcp(1.0f + fast_exp2(-x * kLog2e));
 }
 ROCJIT_INLINE float silu(float x) { return x * sigmoid(x); }
 

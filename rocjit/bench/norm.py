@@ -43,4 +43,34 @@ def run(argv) -> dict:
         H.add_row(result, "add_rmsnorm_fp8", (rows, hidden), str(dtype).replace("torch.", ""), ours, peers,
                   H.floor_us(per_set, result["ceilings"]), timing="graph" if graph else "events")
         print(result["rows"][-1], flush=True)
+    _host_row(result, compiled, ops)
     return result
+
+
+def host_us(fn, *, calls: int = 2000, repeats: int = 7) -> float:
+    """Median host µs per call of fn() issued back to back (the device keeps up: one small row)."""
+    import statistics
+    import time
+    import torch
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _host_row(result, compiled, ops):
+    """Eager host cost per call at [1, 16384] fp16 (what a decode step pays outside CUDA graphs)."""
+    import torch
+    x, r = torch.randn(1, 16384, device="cuda").half(), torch.randn(1, 16384, device="cuda").half()
+    w, s = torch.randn(16384, device="cuda").half(), torch.tensor([0.05], device="cuda")
+    ours = host_us(lambda: ops.rms_norm(x, w, residual=r, scale=s))
+    peers = {"torch_compile": host_us(lambda: compiled(x, r, w, s)), "torch_eager": host_us(lambda: reference(x, r, w, s))}
+    H.add_row(result, "eager_host_us_per_call", (1, 16384), "float16", ours, peers, None, timing="host")
+    print(result["rows"][-1], flush=True)

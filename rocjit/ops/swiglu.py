@@ -3,19 +3,36 @@
     y = swiglu(gate_up)                          # gate_up [..., 2d], gate half first; y [..., d] = silu(gate) * up
     q = swiglu(gate_up, scale=s)                 # fp8(y / s), s fp32 [1]
     q, scales = swiglu(gate_up, quant="per_token")   # dynamic per-row scales [rows, 1]
+
+Eager torch calls that repeat an earlier call's shape, dtype, device and options take a cached plan that
+re-checks every argument with a few attribute reads; anything else goes through the full path.
 """
 from typing import Optional
 
 from rocjit.ops import _common as C
 
 _QUANT = {None: 0, "static": 1, "per_token": 2}
-_plans = {}  # shape / dtype / mode -> (configured launcher, tiles per row)
+_plans = {}  # shape / dtype / mode -> launch(out, scales, gate_up, scale, rows, d)
+_eager = {}  # (gate_up.shape, dtype, device, scale?, quant, fp8_format) -> plan for the fast path
+_Tensor = None
+_is_compiling = None
 
 
 def swiglu(gate_up, *, scale=None, quant=None, out=None, fp8_format=None):
+    if type(gate_up) is _Tensor and out is None and not _is_compiling():
+        plan = _eager.get((gate_up.shape, gate_up.dtype, gate_up.get_device(), scale is None, quant, fp8_format))
+        if plan is not None:
+            result = plan(gate_up, scale)
+            if result is not None:
+                return result
+    return _swiglu(gate_up, scale, quant, out, fp8_format)
+
+
+def _swiglu(gate_up, scale, quant, out, fp8_format):
     op = "swiglu"
     xt, fw = C.to_torch(gate_up, "gate_up", op)
     tm = C.torch()
+    scale_arg, quant_arg = scale, quant
     if scale is not None and not isinstance(scale, tm.Tensor):
         scale = tm.tensor([float(scale)], dtype=tm.float32, device=xt.device)
     if quant is None and scale is not None:
@@ -43,6 +60,8 @@ def swiglu(gate_up, *, scale=None, quant=None, out=None, fp8_format=None):
             y = out
     else:
         y, scales = _launch(xt, scale, quant, fmt, out)
+        if fw == "torch" and out is None and scale_arg is scale:
+            _remember(xt, scale, quant_arg, quant, fp8_format, fmt)
     y, scales = C.convert_outputs((y, scales), fw)
     return (y, scales) if quant == "per_token" else y
 
@@ -63,22 +82,76 @@ def _launch(x, scale, quant, fmt, out):
     if rows == 0 or d == 0:
         return out, scales
     is_aligned = d % 8 == 0 and C.aligned(x, out)
-    key = (rows, d, x.dtype, qmode, fmt, is_aligned, dev)
-    plan = _plans.get(key)
-    if plan is None:
-        info = C.device_info(dev)
-        threads, block, per_thread, tiles = C.row_config(C.ceil_div(d, 8), rows, info["sms"], info["wave"],
-                                                         reduce=qmode == 2)
-        if rows * tiles >= 2 ** 31:
-            raise ValueError(f"swiglu: {rows} rows are too many for one launch")
-        name = (f"swiglu_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {qmode}, {threads}, {block}, "
-                f"{per_thread}, {C.cbool(is_aligned)}>")
-        launch = C.module("swiglu.hip")[name][C.ceil_div(rows * tiles, block // threads), block]
-        plan = _plans[key] = (launch, tiles)
-    launch, tiles = plan
+    launch = _launcher(rows, d, x.dtype, qmode, fmt, is_aligned, dev)
     dummy = C.dummy_f32(dev)
-    launch(out, scales if scales is not None else dummy, x, scale if scale is not None else dummy, rows, d, tiles)
+    launch(out, scales if scales is not None else dummy, x, scale if scale is not None else dummy, rows, d)
     return out, scales
+
+
+def _launcher(rows, d, dtype, qmode, fmt, is_aligned, dev):
+    """launch(out, scales, gate_up, scale, rows, d) for a shape."""
+    key = (rows, d, dtype, qmode, fmt, is_aligned, dev)
+    launch = _plans.get(key)
+    if launch is None:
+        if rows >= 2 ** 31:
+            raise ValueError(f"swiglu: {rows} rows are too many for one launch")
+        name, grid, block, tiles = kernel_config(rows, d, dtype, qmode, fmt, is_aligned, C.device_info(dev))
+        k = C.module("swiglu.hip")[name][grid, block]
+        if qmode != 2:
+            def launch(out, scales, x, scale, rows, d, k=k):
+                k(out, x, scale, d)
+        else:
+            def launch(out, scales, x, scale, rows, d, k=k, tiles=tiles):
+                k(out, scales, x, scale, rows, d, tiles)
+        _plans[key] = launch
+    return launch
+
+
+def kernel_config(rows, d, dtype, qmode, fmt, is_aligned, info: dict):
+    """(kernel name expression, grid, block, tiles per row): element-wise modes cut rows into tiles on a
+    (rows, tiles) grid; per-token scales keep a row in one group of threads for its amax."""
+    chunks = C.ceil_div(d, 8)
+    head = f"{C.kernel_type(dtype)}, {C.fp8_tag(fmt)}, {qmode}"
+    if qmode != 2:
+        threads, per_thread, tiles = C.tile_config(chunks, rows, info["sms"], info["wave"])
+        return f"swiglu_tiled_kernel<{head}, {per_thread}, {C.cbool(is_aligned)}>", (rows, tiles), threads, tiles
+    threads, block, per_thread, tiles = C.row_config(chunks, rows, info["sms"], info["wave"], reduce=True)
+    return (f"swiglu_kernel<{head}, {threads}, {block}, {per_thread}, {C.cbool(is_aligned)}>",
+            C.ceil_div(rows * tiles, block // threads), block, tiles)
+
+
+def _remember(x, scale, quant_arg, quant, fp8_format, fmt):
+    """Cache the eager plan for calls shaped like this one (torch tensors on a GPU, no out=)."""
+    global _Tensor, _is_compiling
+    tm = C.torch()
+    _Tensor, _is_compiling = tm.Tensor, tm.compiler.is_compiling
+    d = x.shape[-1] // 2
+    rows = x.numel() // (2 * d) if d else 0
+    if rows == 0 or d == 0:
+        return
+    dev, dtype, shape = x.get_device(), x.dtype, x.shape
+    qmode = _QUANT[quant]
+    out_dtype = C.fp8_torch_dtype(fmt) if qmode else dtype
+    is_aligned = d % 8 == 0
+    launch = _launcher(rows, d, dtype, qmode, fmt, is_aligned, dev)
+    dummy, f32, Tensor = C.dummy_f32(dev), tm.float32, tm.Tensor
+    out_shape, scales_shape = tuple(shape[:-1]) + (d,), (rows, 1)
+    has_s, per_token = scale is not None, qmode == 2
+
+    def plan(x, s):
+        # every property the kernel relies on; a miss falls back to the full path (which names the problem)
+        if not x.is_contiguous() or (is_aligned and x.data_ptr() & 15):
+            return None
+        if has_s and not (type(s) is Tensor and s.dtype is f32 and s.get_device() == dev and s.numel() == 1):
+            return None
+        y = x.new_empty(out_shape, dtype=out_dtype)  # measured cheaper than torch.empty(..., device=)
+        scales = x.new_empty(scales_shape, dtype=f32) if per_token else dummy
+        launch(y, scales, x, s if has_s else dummy, rows, d)
+        return (y, scales) if per_token else y
+
+    key = (shape, dtype, dev, scale is None, quant_arg, fp8_format)
+    if len(_eager) < 1024:
+        _eager[key] = plan
 
 
 _op = None

@@ -95,6 +95,54 @@ def test_rms_norm(dtype, hidden, rows, mode):
         assert torch.equal(r, x + r0)
 
 
+@pytest.mark.parametrize("hidden", [16384, 16392, 16388])
+@pytest.mark.parametrize("rows", [1, 5, 8, 33])
+@pytest.mark.parametrize("mode", ["plain", "static", "per_token"])
+def test_rms_norm_split_rows(hidden, rows, mode):
+    """Few rows split across a cluster of blocks (sm_90+): odd chunk counts, unaligned rows, every mode."""
+    dtype = torch.bfloat16 if hidden % 8 else torch.float16
+    torch.manual_seed(hidden + rows)
+    x, w, r = rand((rows, hidden), dtype), rand((hidden,), dtype), rand((rows, hidden), dtype)
+    r0 = r.clone()
+    ref = rms_ref(x, w, 1e-6, r0)
+    if mode == "plain":
+        y, _ = ops.rms_norm(x, w, residual=r)
+        check_half(y, ref, dtype)
+    elif mode == "static":
+        y, _ = ops.rms_norm(x, w, residual=r, scale=torch.tensor([0.02], device="cuda"), fp8_format="e4m3fn")
+        check_fp8(y, ref / np.float64(np.float32(0.02)), "e4m3fn")
+    else:
+        y, scales, _ = ops.rms_norm(x, w, residual=r, quant="per_token", fp8_format="e4m3fn")
+        s_ref = np.maximum(np.abs(ref).max(axis=-1, keepdims=True), 1e-12) / C.fp8_max("e4m3fn")
+        assert (np.abs(f64(scales) / s_ref - 1)).max() <= 1e-6
+        check_fp8(y, ref / f64(scales), "e4m3fn")
+    assert torch.equal(r, x + r0)
+
+
+def test_eager_plan_rechecks_arguments():
+    """A cached eager plan still checks every argument: a second call with a wrong one gets the full error."""
+    x, w, r = rand((2, 4096), torch.float16), rand((4096,), torch.float16), rand((2, 4096), torch.float16)
+    s = torch.tensor([0.05], device="cuda")
+    ops.rms_norm(x, w, residual=r, scale=s)
+    ops.swiglu(x, scale=s)
+    with pytest.raises(TypeError, match="weight must have dtype float16"):
+        ops.rms_norm(x, w.bfloat16(), residual=r, scale=s)
+    with pytest.raises(ValueError, match="weight must be contiguous"):
+        ops.rms_norm(x, rand((4096 * 2,), torch.float16)[::2], residual=r, scale=s)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        ops.rms_norm(x, rand((4095,), torch.float16), residual=r, scale=s)
+    with pytest.raises(ValueError, match="residual must be contiguous"):
+        ops.rms_norm(x, w, residual=rand((4096, 2), torch.float16).t(), scale=s)
+    with pytest.raises(ValueError, match="scale must hold one element"):
+        ops.rms_norm(x, w, residual=r, scale=torch.ones(2, device="cuda"))
+    with pytest.raises(TypeError, match="scale must have dtype float32"):
+        ops.swiglu(x, scale=s.double())
+    with pytest.raises(ValueError, match="gate_up must be contiguous"):
+        ops.swiglu(rand((4096, 2), torch.float16).t(), scale=s)
+    y = ops.rms_norm(x[:, 1:-7].contiguous()[:, :4088], w[:4088], scale=s)  # other shape: a new plan
+    assert y.shape == (2, 4088)
+
+
 def test_rms_norm_saturation_and_nan():
     x, w = rand((4, 4096), torch.float16), rand((4096,), torch.float16)
     x[1, 5] = float("nan")
@@ -139,6 +187,17 @@ def test_swiglu(dtype, d, rows, mode):
         s_ref = np.maximum(np.abs(ref).max(axis=-1, keepdims=True) if rows else np.zeros((0, 1)), 1e-12) / C.fp8_max(fmt)
         assert np.allclose(f64(scales), s_ref, rtol=1e-6, atol=0)
         check_fp8(y, ref / f64(scales), fmt)
+
+
+@pytest.mark.parametrize("d", [6656, 4100])
+@pytest.mark.parametrize("rows", [1, 5, 130, 2048])
+def test_swiglu_tiled_shapes(d, rows):
+    """The (rows, tiles) grid at small and large batches, aligned and unaligned rows."""
+    dtype = torch.float16
+    torch.manual_seed(d * 7 + rows)
+    x = rand((rows, 2 * d), dtype, 3.0)
+    y = ops.swiglu(x, scale=torch.tensor([0.05], device="cuda"))
+    check_fp8(y, silu_ref(x) / np.float64(np.float32(0.05)), "e4m3fn")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
