@@ -151,7 +151,7 @@ template <> struct is_i4<w_i4> { static constexpr bool value = true; };
 // w_scale: int8 [N]; int4 [N, K/G] (+ w_zero [N, K/G]); fp8 [1] or [N] (w_scale_per_row).
 // scale_a: fp8 activations' per-tensor scale [1] or nullptr.
 template <class XT, class WK, class ST, class OT, int P, int ROWS, int MB, int UNROLL>
-__launch_bounds__(P * ROWS) __global__ void
+__launch_bounds__(P * ROWS, 1) __global__ void
 gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x, OT* __restrict__ out,
             const ST* __restrict__ w_scale, const ST* __restrict__ w_zero, int group_size, int w_scale_per_row,
             const float* __restrict__ scale_a, int N, int K, int B) {

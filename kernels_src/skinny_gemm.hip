@@ -292,8 +292,270 @@ __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* __re
     skinny::store_out<OT>(out + i, s * sa * sw);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Streamed variant (NVIDIA sm_90+): persistent, stream-K, weights fed through a shared-memory ring.
+//
+// The weight matrix is cut into tiles of R = 16*MT*CW rows, each tile into chunks of BK bytes of K;
+// the tiles x chunks sequence is split into gridDim.x equal contiguous ranges, one per block, so
+// every block streams the same number of bytes (no partial last wave). In a block, PW producer
+// warps copy each chunk's R weight rows and M activation rows into a STAGES-deep ring of shared
+// memory with 16-byte cp.async (each producer thread arrives on the stage's mbarrier once its
+// copies land; loads in flight hold no registers); CW consumer warps run
+// mma.sync on 16*MT rows each. A tile covered by one block is written directly; a tile shared by
+// blocks (at most two per block: its first and last) goes through fp32 partials in `ws`, and the
+// block that arrives last on the tile's ticket sums them in block order (deterministic), writes
+// the output and resets the ticket for the next launch.
+#if defined(SKINNY_NV) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
+#define SKINNY_ASYNC 1
+#endif
+
+namespace skinny {
+#if defined(SKINNY_ASYNC)
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    asm volatile(
+        "{\n .reg .pred done;\n"
+        "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra WAIT_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+// 16 bytes global -> shared through the async copy unit (no registers held while in flight);
+// src_bytes 0 writes zeros (rows past N, k past K). The L2 hint marks streamed weights evict-first.
+__device__ __forceinline__ void async_copy16(void* dst, const void* src, unsigned src_bytes, unsigned long long policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
+}
+// Arrive on `bar` once all of this thread's earlier async copies have landed (counted in the init count).
+__device__ __forceinline__ void async_copies_arrive(unsigned long long* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ unsigned long long evict_first_policy() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ unsigned long long evict_last_policy() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ uint4 lds16(const unsigned char* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void consumers_sync(int threads) {
+    asm volatile("bar.sync 1, %0;" :: "r"(threads) : "memory");
+}
+#endif
+// First chunk of block b's range and the block owning chunk f, for `total` chunks over `blocks`.
+__device__ __forceinline__ long long range_start(long long b, long long total, long long blocks) {
+    return b * total / blocks;
+}
+__device__ __forceinline__ int range_owner(long long f, long long total, long long blocks) {
+    return (int)(((f + 1) * blocks - 1) / total);
+}
+}  // namespace skinny
+
+// E, OT as above; MT 16-row tiles per consumer warp; NT activation tiles of 8 rows; CW consumer
+// warps; BK bytes of K per chunk (multiple of 64); STAGES chunks in the ring; PW producer warps.
+// ws: gridDim.x * 2 * CW*32 * MT*NT*4 floats; tickets: one zeroed int per tile (self-resetting).
+template <class E, class OT, int MT, int NT, int CW, int BK, int STAGES, int PW>
+__launch_bounds__((CW + PW) * 32, 1) __global__ void
+skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E::storage* __restrict__ w,
+                     OT* __restrict__ out, float* __restrict__ ws, int* __restrict__ tickets,
+                     const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_w_per_row,
+                     int M, int N, int K) {
+#if defined(SKINNY_ASYNC)
+    using namespace skinny;
+    constexpr int kRows = 16 * MT * CW;                    // weight rows per tile
+    constexpr int kARows = 8 * NT;                         // activation rows kept in shared memory
+    constexpr int kPitch = BK + 16;                        // padded row: conflict-free 16-byte reads
+    constexpr int kStage = (kRows + kARows) * kPitch;
+    constexpr int kConsumers = CW * 32;
+    constexpr int kVals = MT * NT * kAcc;
+    static_assert(BK % 64 == 0, "BK is a multiple of the 64-byte k-block");
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * kStage);
+    unsigned long long* empty = full + STAGES;
+    __shared__ int last_flag;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long kbytes = (long long)K * sizeof(typename E::storage);
+    const int nk = (int)((kbytes + BK - 1) / BK);
+    const int tiles = (N + kRows - 1) / kRows;
+    const long long total = (long long)tiles * nk;
+    const long long begin = range_start(blockIdx.x, total, gridDim.x);
+    const long long end = range_start(blockIdx.x + 1, total, gridDim.x);
+
+    // Activation rows >= M stay zero for the whole kernel (never copied).
+    for (int i = threadIdx.x; i < STAGES * (kARows - min(M, kARows)) * (kPitch / 16); i += blockDim.x) {
+        const int per = (kARows - M) * (kPitch / 16);
+        const int st = i / per, r = i % per;
+        *reinterpret_cast<uint4*>(smem + st * kStage + (kRows + M) * kPitch + r * 16) = make_uint4(0, 0, 0, 0);
+    }
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) { mbar_init(&full[s], PW * 32); mbar_init(&empty[s], CW); }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp >= CW) {
+        // ---- producers: 16-byte granules, consecutive threads along a row (coalesced) ----
+        constexpr int kGran = BK / 16;                     // granules per row and chunk
+        const int pt = threadIdx.x - CW * 32;
+        const unsigned long long wpol = evict_first_policy(), apol = evict_last_policy();
+        for (long long f = begin; f < end; ++f) {
+            const int i = (int)(f - begin), s = i % STAGES;
+            const int tile = (int)(f / nk);
+            const long long k0 = (f % nk) * (long long)BK;
+            mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);
+            unsigned char* st = smem + s * kStage;
+            const unsigned char* wsrc = reinterpret_cast<const unsigned char*>(w) + (size_t)tile * kRows * kbytes + k0;
+            const int rows = min(kRows, N - tile * kRows);
+            if (rows == kRows && k0 + BK <= kbytes && (PW * 32) % kGran == 0) {
+                // whole tile and chunk: each thread keeps one column and walks rows (no predicates)
+                constexpr int kStep = (PW * 32) / kGran > 0 ? (PW * 32) / kGran : 1;
+                const int col = (pt % kGran) * 16;
+                const unsigned char* src = wsrc + (size_t)(pt / kGran) * kbytes + col;
+                unsigned char* dst = st + (pt / kGran) * kPitch + col;
+#pragma unroll 8
+                for (int r = pt / kGran; r < kRows; r += kStep, src += kStep * kbytes, dst += kStep * kPitch)
+                    async_copy16(dst, src, 16u, wpol);
+            } else {
+                for (int q = pt; q < kRows * kGran; q += PW * 32) {
+                    const int r = q / kGran, col = (q % kGran) * 16;
+                    const bool live = r < rows && k0 + col < kbytes;
+                    async_copy16(st + r * kPitch + col, live ? wsrc + (size_t)r * kbytes + col : wsrc - k0,
+                                 live ? 16u : 0u, wpol);
+                }
+            }
+            const unsigned char* asrc = reinterpret_cast<const unsigned char*>(a) + k0;
+            for (int q = pt; q < M * kGran; q += PW * 32) {
+                const int m = q / kGran, col = (q % kGran) * 16;
+                const bool live = k0 + col < kbytes;
+                async_copy16(st + (kRows + m) * kPitch + col, live ? asrc + (size_t)m * kbytes + col : asrc - k0, live ? 16u : 0u,
+                             apol);
+            }
+            async_copies_arrive(&full[s]);
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    const int g = lane_row(), c = lane_chunk();
+    float acc[MT][NT][kAcc];
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
+    const float sa = scale_a ? scale_a[0] : 1.f;
+
+    for (long long f = begin; f < end; ++f) {
+        const int i = (int)(f - begin), s = i % STAGES;
+        const int tile = (int)(f / nk), kc = (int)(f % nk);
+        mbar_wait(&full[s], (i / STAGES) & 1);
+        const unsigned char* st = smem + s * kStage;
+        const unsigned char* wbase = st + (16 * MT * warp + g) * kPitch + c * 16;
+        const unsigned char* abase = st + (kRows + g) * kPitch + c * 16;
+#pragma unroll 2
+        for (int kb = 0; kb < BK / 64; ++kb) {             // granules past K were zero-filled
+            uint4 wv[MT][2], av[NT];
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wv[t][h] = lds16(wbase + (16 * t + 8 * h) * kPitch + kb * 64);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) av[j] = lds16(abase + 8 * j * kPitch + kb * 64);
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) mma_chunk<E>(acc[t][j], wv[t], av[j]);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+
+        if (kc != nk - 1 && f != end - 1) continue;       // tile segment goes on
+        // ---- end of this block's segment of `tile` ----
+        const long long t0 = (long long)tile * nk;
+        const int first = range_owner(t0, total, gridDim.x), last = range_owner(t0 + nk - 1, total, gridDim.x);
+        const int row_base = tile * kRows + 16 * MT * warp;
+        bool write = true;
+        if (first != last) {
+            const int slot = (int)(range_start(blockIdx.x, total, gridDim.x) / nk) == tile ? 0 : 1;
+            float* mine = ws + ((size_t)blockIdx.x * 2 + slot) * kVals * kConsumers + threadIdx.x;
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int r = 0; r < kAcc; ++r) __stcg(mine + ((t * NT + j) * kAcc + r) * kConsumers, acc[t][j][r]);
+            __threadfence();
+            consumers_sync(kConsumers);
+            if (threadIdx.x == 0) {
+                const int ticket = atomicAdd(&tickets[tile], 1);
+                last_flag = ticket == last - first;
+                if (last_flag) { tickets[tile] = 0; __threadfence(); }
+            }
+            consumers_sync(kConsumers);
+            write = last_flag;
+            if (write) {                                   // sum the partials in block order
+#pragma unroll
+                for (int t = 0; t < MT; ++t)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
+                for (int b = first; b <= last; ++b) {
+                    const int bslot = (int)(range_start(b, total, gridDim.x) / nk) == tile ? 0 : 1;
+                    const float* src = ws + ((size_t)b * 2 + bslot) * kVals * kConsumers + threadIdx.x;
+#pragma unroll
+                    for (int t = 0; t < MT; ++t)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+#pragma unroll
+                            for (int r = 0; r < kAcc; ++r)
+                                acc[t][j][r] += __ldcg(src + ((t * NT + j) * kAcc + r) * kConsumers);
+                }
+            }
+        }
+        if (write) {
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int r = 0; r < kAcc; ++r) {
+                        const int n = row_base + acc_wrow(t, r), m = acc_arow(j, r);
+                        if (n < N && m < M) {
+                            const float sw = scale_w ? scale_w[scale_w_per_row ? n : 0] : 1.f;
+                            store_out<OT>(out + (size_t)m * N + n, acc[t][j][r] * sa * sw);
+                        }
+                    }
+        }
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
+    }
+#else
+    __builtin_trap();   // built for NVIDIA sm_90+ only; the host picks skinny_gemm_kernel elsewhere
+#endif
+}
+
 // rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2>
 // rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2>
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2>
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2>
 // rocjit:check skinny_splitk_reduce<__hip_bfloat16>
+// rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 512, 6, 4>
+// rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 256, 5, 4>
+// rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 2, 8, 256, 5, 4>
+// rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 4, 512, 6, 2>

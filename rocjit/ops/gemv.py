@@ -29,7 +29,9 @@ def _candidates(kind: str, B: int, N: int, K: int, target: str, sms: int) -> tup
                 for p, r, u in ((32, 4, 4), (32, 8, 2), (16, 8, 4), (16, 16, 2), (8, 16, 4), (8, 32, 2), (4, 32, 4))]
     default = {"path": "portable", "p": 32 if K >= 4096 else 16, "rows": 4 if K >= 4096 else 8, "unroll": 4}
     if kind in ("f16", "bf16") and skinny.has_matrix_path(target, fp8=False):
-        return portable + skinny.mma_candidates(B, N, K, sms), default
+        # the streamed kernel never beat the portable one at B = 1 (H100 sweep); it can at B > 1
+        stream = skinny.stream_candidates(B, N, K, sms) if B > 1 and skinny.has_stream_path(target) else []
+        return portable + skinny.mma_candidates(B, N, K, sms) + stream, default
     return portable, default
 
 
@@ -115,12 +117,16 @@ def _launch(w, x, w_scale, w_zero, group_size, out):
     target, devname, sms = skinny._device(x.device.index or 0)
     wave = 32 if target.startswith("sm_") else 64
     cands, default = _candidates(kind, B, N, K, target, sms)
+    if not skinny.aligned16(w, x):
+        cands = [c for c in cands if c["path"] != "stream"]
     x2, o2 = x.view(B, K), out.view(B, N)
     st = skinny.ctype(w_scale.dtype) if w_scale is not None else "float"
 
     def run(cfg, w=w):
         if cfg["path"] == "mma":
             return skinny.launch_mma(x2, w, o2, None, None, B, N, K, cfg, target, wave)
+        if cfg["path"] == "stream":
+            return skinny.launch_stream(x2, w, o2, None, None, B, N, K, cfg, sms)
         return skinny.launch_portable(x2, skinny.ctype(x.dtype), _WK[kind], w, o2, w_scale, w_zero, group_size or 0,
                                       1, None, st, B, N, K, cfg)
 

@@ -99,6 +99,43 @@ def mma_default(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> dict:
     return {"path": "mma", "mt": mt, "warps_k": 8 if mt == 1 else 4, "unroll": 2, "splits": splits}
 
 
+# (MT, CW, BK bytes, PW): the configs that won somewhere in an H100 sweep of the seed shapes
+_STREAM_SHAPES = ((1, 4, 512, 4), (1, 4, 512, 2), (2, 4, 256, 4), (1, 8, 256, 4))
+_STREAM_SMEM = 227 * 1024 - 2048            # H100 opt-in shared memory per block, less static + barriers
+
+
+def has_stream_path(target: str) -> bool:
+    """The streamed kernel's mbarrier waits (try_wait.parity) need sm_90 (Hopper) or newer."""
+    if not target.startswith("sm_"):
+        return False
+    return int("".join(ch for ch in target[3:] if ch.isdigit())) >= 90
+
+
+def stream_stages(M: int, cfg: dict, smem: int = _STREAM_SMEM) -> int:
+    """Ring depth that fits the blocks per SM asked for (0 when fewer than 3 stages fit)."""
+    rows = 16 * cfg["mt"] * cfg["cw"] + 8 * -(-M // 8)
+    stages = min(8, (smem // cfg["cps"]) // (rows * (cfg["bk"] + 16)))
+    return stages if stages >= 3 else 0
+
+
+def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
+    """Persistent stream-K configs of skinny_stream_kernel: rows per consumer warp (MT tiles of 16),
+    consumer warps, bytes of K per chunk, producer warps, blocks per SM. ROCJIT_SKINNY_STREAM=0 turns the path off."""
+    import os
+    if os.environ.get("ROCJIT_SKINNY_STREAM", "1") == "0":
+        return []
+    out = []
+    for mt, cw, bk, pw in _STREAM_SHAPES:
+        if bk > 2 * K * elem_bytes and bk > 256:        # chunks mostly past the end of short rows
+            continue
+        if M > 16 and mt * cw < 8:                      # 32 activation rows per 64 weight rows: too much L2 traffic
+            continue
+        cfg = {"path": "stream", "mt": mt, "cw": cw, "bk": bk, "pw": pw, "cps": 1}
+        if stream_stages(M, cfg) >= 3:
+            out.append(cfg)
+    return out
+
+
 def portable_candidates(M: int) -> list[dict]:
     return [{"path": "portable", "p": p, "rows": r, "unroll": u}
             for p, r, u in ((32, 4, 2), (16, 8, 2), (8, 16, 2))]
@@ -134,6 +171,54 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
     k[grid, wk * wave](a, w, out, partial, scale_a, scale_w, per_row, M, N, K, kb_per_split)
     r = _kernel(_SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}>")
     r[-(-(M * N) // 256), 256](partial, out, scale_a, scale_w, per_row, M, N, splits)
+    return out
+
+
+_tickets: dict = {}
+_spare_tickets: dict = {}
+
+
+def _tickets_for(device, tiles: int):
+    """Zeroed per-tile tickets of the stream kernel, one buffer per (device, stream): the kernel resets
+    each ticket it uses, so a buffer stays zero between launches and graph replays. A graph being
+    captured on a new stream takes a buffer zeroed beforehand (no memset captured into the graph)."""
+    import torch
+    size = max(tiles, 4096)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    buf = _tickets.get(key)
+    if buf is not None and buf.numel() >= size:
+        return buf
+    spares = _spare_tickets.setdefault(device.index, [])
+    if torch.cuda.is_current_stream_capturing():
+        fit = [b for b in spares if b.numel() >= size]
+        if not fit:
+            return torch.zeros(size, dtype=torch.int32, device=device)   # valid for this graph only
+        buf = fit[0]
+        spares.remove(buf)
+    else:
+        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        while len(spares) < 8:
+            spares.append(torch.zeros(max(size, 16384), dtype=torch.int32, device=device))
+    _tickets[key] = buf
+    return buf
+
+
+def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int):
+    """C = A W^T (* scales) with skinny_stream_kernel: one launch, stream-K, fixed-order fix-up."""
+    import torch
+    nt = -(-M // 8)
+    mt, cw, bk, pw, cps = cfg["mt"], cfg["cw"], cfg["bk"], cfg["pw"], cfg["cps"]
+    stages = cfg.get("stages") or stream_stages(M, cfg)
+    rows = 16 * mt * cw
+    tiles = -(-N // rows)
+    total = tiles * -(-K * a.element_size() // bk)
+    grid = max(1, min(sms * cps, total))
+    ws = torch.empty(grid * 2 * cw * 32 * mt * nt * 4, dtype=torch.float32, device=a.device)
+    smem = stages * (rows + 8 * nt) * (bk + 16) + 16 * stages
+    per_row = int(scale_w is not None and scale_w.numel() > 1)
+    name = f"skinny_stream_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {cw}, {bk}, {stages}, {pw}>"
+    _kernel(_SRC, name)[grid, (cw + pw) * 32](a, w, out, ws, _tickets_for(a.device, tiles), scale_a, scale_w, per_row,
+                                             M, N, K, shared_mem=smem)
     return out
 
 
@@ -191,6 +276,11 @@ def _check(a, w, scale_a, scale_w, out_dtype, out):
     return M, N, K, fp8, od
 
 
+def aligned16(*tensors) -> bool:
+    """Bulk copies need 16-byte aligned sources: every tensor's data pointer."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
 def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8):
     """The tuned (or default) config of this problem and the function that runs it."""
     target, devname, sms = _device(a.device.index or 0)
@@ -198,12 +288,16 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8):
     eb = a.element_size()
     if has_matrix_path(target, fp8):
         cands, default = mma_candidates(M, N, K, sms, eb), mma_default(M, N, K, sms, eb)
+        if has_stream_path(target) and aligned16(a, w):
+            cands = stream_candidates(M, N, K, sms, eb) + cands
     else:
         cands, default = portable_candidates(M), portable_candidates(M)[0]
 
     def run(cfg, w=w):
         if cfg["path"] == "mma":
             return launch_mma(a, w, out, scale_a, scale_w, M, N, K, cfg, target, wave)
+        if cfg["path"] == "stream":
+            return launch_stream(a, w, out, scale_a, scale_w, M, N, K, cfg, sms)
         xt = "unsigned char" if fp8 else ctype(a.dtype)
         wk = ("gemv::w_e4m3fnuz" if "fnuz" in str(a.dtype) else "gemv::w_e4m3") if fp8 else \
             ("gemv::w_bf16" if "bfloat16" in str(a.dtype) else "gemv::w_f16")

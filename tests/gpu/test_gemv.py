@@ -45,6 +45,8 @@ def test_every_config_matches_reference(xdt, kind, B, K):
         out = torch.full((B, N), float("nan"), dtype=xdt, device="cuda")
         if cfg["path"] == "mma":
             skinny.launch_mma(x, w, out, None, None, B, N, K, cfg, target, wave)
+        elif cfg["path"] == "stream":
+            skinny.launch_stream(x, w, out, None, None, B, N, K, cfg, sms)
         else:
             skinny.launch_portable(x, skinny.ctype(xdt), G._WK[k], w, out, kw.get("w_scale"), kw.get("w_zero"),
                                    kw.get("group_size", 0), 1, None, st, B, N, K, cfg)

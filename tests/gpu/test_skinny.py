@@ -39,11 +39,15 @@ def test_every_config_matches_reference(dt, M, K):
     target, _, sms = skinny._device(0)
     wave = 32 if target.startswith("sm_") else 64
     cfgs = skinny.mma_candidates(M, N, K, sms, a.element_size()) if skinny.has_matrix_path(target, dt == F8) else []
+    if cfgs and skinny.has_stream_path(target):
+        cfgs += skinny.stream_candidates(M, N, K, sms, a.element_size())
     cfgs += skinny.portable_candidates(M)[:1]
     for cfg in cfgs:
         out = torch.full((M, N), float("nan"), dtype=od, device="cuda")
         if cfg["path"] == "mma":
             skinny.launch_mma(a, w, out, sa, sw, M, N, K, cfg, target, wave)
+        elif cfg["path"] == "stream":
+            skinny.launch_stream(a, w, out, sa, sw, M, N, K, cfg, sms)
         else:
             xt = "unsigned char" if dt == F8 else skinny.ctype(dt)
             wk = "gemv::w_e4m3" if dt == F8 else {torch.bfloat16: "gemv::w_bf16", torch.float16: "gemv::w_f16"}[dt]
@@ -73,6 +77,31 @@ def test_deterministic_split_k():
         skinny.launch_mma(a, w, out, sa, sw, 4, 2304, 16384, cfg, target, 32)
         outs.append(out)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("M", [1, 17])
+def test_stream_kernel_deterministic_across_launches_and_graph_replays(M):
+    target, _, sms = skinny._device(0)
+    if not skinny.has_stream_path(target):
+        pytest.skip("streamed kernel needs sm_90+")
+    a, w, sa, sw, ref, od, tol = _case(F8, M, 2304 + 40, 16384 + 64)
+    for cfg in skinny.stream_candidates(M, 2344, 16448, sms, 1):
+        outs = []
+        for _ in range(3):
+            out = torch.full((M, 2344), float("nan"), dtype=od, device="cuda")
+            skinny.launch_stream(a, w, out, sa, sw, M, 2344, 16448, cfg, sms)
+            outs.append(out)
+        assert _rel(outs[0], ref) < tol, cfg
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), cfg
+        g = torch.cuda.CUDAGraph()
+        out = torch.empty_like(outs[0])
+        with torch.cuda.graph(g):
+            skinny.launch_stream(a, w, out, sa, sw, M, 2344, 16448, cfg, sms)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, outs[0]), cfg
 
 
 def test_graph_capture_replays():
