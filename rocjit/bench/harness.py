@@ -194,6 +194,7 @@ def plot(result: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     groups = {}
     for r in result["rows"]:
         if r.get("ours_us") is None:
@@ -217,6 +218,8 @@ def plot(result: dict, path: str) -> None:
             ax.plot(*zip(*fl), ":", color="gray", label="floor (copy SOL)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.set_title(f"{case} {dtype} x{'x'.join(map(str, rest))}", fontsize=9)
         ax.set_xlabel("rows (first dim)")
         ax.set_ylabel("µs")
