@@ -34,6 +34,14 @@ ROCJIT_INLINE __hip_bfloat162 __hadd2(__hip_bfloat162 a, __hip_bfloat162 b) {
     return __hip_bfloat162{__float2bfloat16(__bfloat162float(a.x) + __bfloat162float(b.x)),
                            __float2bfloat16(__bfloat162float(a.y) + __bfloat162float(b.y))};
 }
+
+namespace rocjit {
+// These bf16 values are read and written 16 bits at a time. LLVM 15 (SROA, AMDGPU promote-alloca) keeps
+// a chunk in registers only when its whole-chunk accesses have lanes that line up with those accesses: a
+// u32x4 load of a chunk also read bf16 by bf16 (a residual written back, then normalized) left it in
+// scratch. So own-bf16 chunks move as vectors of 16-bit lanes (the same global_load/store_dwordx4).
+template <int N> struct raw_of<__hip_bfloat16, N> { typedef unsigned short type __attribute__((ext_vector_type(N))); };
+}  // namespace rocjit
 #endif
 
 namespace rocjit {

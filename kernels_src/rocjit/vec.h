@@ -27,6 +27,10 @@ template <> struct raw_vec<8> { typedef uint2 type; };
 template <> struct raw_vec<4> { typedef unsigned int type; };
 template <> struct raw_vec<2> { typedef unsigned short type; };
 
+// The raw vector that moves N elements of T: the integer vector of the same size, unless T asks for
+// lanes of its own width (see rocjit/types.h).
+template <class T, int N> struct raw_of { typedef typename raw_vec<sizeof(T) * N>::type type; };
+
 template <class To, class From>
 ROCJIT_INLINE To bit_cast(const From& from) {
     static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
@@ -41,14 +45,14 @@ ROCJIT_INLINE To bit_cast(const From& from) {
 
 template <int N, class T>
 ROCJIT_INLINE vec<T, N> load_vec(const T* p) {
-    typedef typename raw_vec<sizeof(T) * N>::type raw;
+    typedef typename raw_of<T, N>::type raw;
     const raw r = *reinterpret_cast<const raw*>(p);
     return bit_cast<vec<T, N>>(r);
 }
 
 template <int N, class T>
 ROCJIT_INLINE void store_vec(T* p, const vec<T, N>& v) {
-    typedef typename raw_vec<sizeof(T) * N>::type raw;
+    typedef typename raw_of<T, N>::type raw;
     *reinterpret_cast<raw*>(p) = bit_cast<raw>(v);
 }
 
@@ -56,7 +60,7 @@ ROCJIT_INLINE void store_vec(T* p, const vec<T, N>& v) {
 // (NVIDIA evict-first ld/st.cs; AMD nontemporal).
 template <int N, class T>
 ROCJIT_INLINE vec<T, N> load_vec_stream(const T* p) {
-    typedef typename raw_vec<sizeof(T) * N>::type raw;
+    typedef typename raw_of<T, N>::type raw;
 #if ROCJIT_NVIDIA
     return bit_cast<vec<T, N>>(__ldcs(reinterpret_cast<const raw*>(p)));
 #else
@@ -66,7 +70,7 @@ ROCJIT_INLINE vec<T, N> load_vec_stream(const T* p) {
 
 template <int N, class T>
 ROCJIT_INLINE void store_vec_stream(T* p, const vec<T, N>& v) {
-    typedef typename raw_vec<sizeof(T) * N>::type raw;
+    typedef typename raw_of<T, N>::type raw;
 #if ROCJIT_NVIDIA
     __stcs(reinterpret_cast<raw*>(p), bit_cast<raw>(v));
 #else
