@@ -81,7 +81,7 @@ def main(argv=None) -> int:
               "  check              compile library kernels for sm_90a,gfx90a,gfx942,gfx950 and print resources\n"
               "  cache [--clear]    code-object cache location, entries, size, hits/misses\n"
               "  toolchain install  install the offline clang toolchain for gfx942/gfx950\n"
-              "  bench SUITE        run a benchmark suite (launch, norm, swiglu, quant, gemv, skinny)")
+              "  bench SUITE        run a benchmark suite (launch, norm, swiglu, quant, gemv, skinny, liger, all)")
         return 0
     if cmd == "doctor":
         return doctor(argv)

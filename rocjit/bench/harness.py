@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SUITES = ("launch", "norm", "swiglu", "quant", "gemv", "skinny")
+SUITES = ("launch", "norm", "swiglu", "quant", "gemv", "skinny", "liger")
 
 
 def _torch():
