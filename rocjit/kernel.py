@@ -7,6 +7,7 @@ the general path, which checks each argument and names the parameter in its mess
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -18,7 +19,6 @@ import warnings
 from rocjit import arrays, compiler, signature
 from rocjit.errors import ArgumentError, LaunchError, RocjitError
 
-_INVALID_CONTEXT = 201
 _STATIC_SHARED_LIMIT = 48 * 1024
 _INT_RANGES = {ctypes.c_int8: (-2**7, 2**7 - 1), ctypes.c_uint8: (0, 2**8 - 1), ctypes.c_int16: (-2**15, 2**15 - 1),
                ctypes.c_uint16: (0, 2**16 - 1), ctypes.c_int32: (-2**31, 2**31 - 1), ctypes.c_uint32: (0, 2**32 - 1),
@@ -122,10 +122,11 @@ class Kernel:
         from rocjit import platform
         plat = self._plat = self._plat or platform.get()
         co = self.compile(plat.device_target(dev))
-        mod = _load_module(plat, co, dev, self)
         mangled = co.lowered.get(self.name, self.name)
-        fn = plat.get_function(mod, mangled)
-        self._check_layout(plat.param_layout(co.binary, mod, fn, mangled, count=len(self.params)))
+        with _device_context(plat, dev):
+            mod = _load_module(plat, co, dev, self)
+            fn = plat.get_function(mod, mangled)
+            self._check_layout(plat.param_layout(co.binary, mod, fn, mangled, count=len(self.params)))
         self._fns[dev] = fn
         self._shared_limit[dev] = _STATIC_SHARED_LIMIT
         if self._fast is None:
@@ -217,7 +218,12 @@ class Kernel:
                                 f"move them to one device")
         dev = devices.pop() if devices else self._default_device()
         fn = self._fns.get(dev) or self._load(dev)
-        plat.set_current(dev)
+        with _device_context(plat, dev):
+            self._launch_on(plat, fn, dev, g, b, values, staged, uses_torch, uses_cupy, shared_mem, stream)
+        del keep
+
+    def _launch_on(self, plat, fn, dev, g, b, values, staged, uses_torch, uses_cupy, shared_mem, stream):
+        """The launch proper, with dev's context current."""
         if stream is None:
             stream = _torch_stream(dev) if uses_torch else _cupy_stream() if uses_cupy else 0
         else:
@@ -247,9 +253,6 @@ class Kernel:
                 else:
                     s.value = v
             err = plat.launch(fn, g, b, shared_mem, stream, params)
-            if err == _INVALID_CONTEXT:
-                plat.set_current(dev)
-                err = plat.launch(fn, g, b, shared_mem, stream, params)
             if err:
                 raise LaunchError(f"launch of {self.name} (grid {g}, block {b}, shared_mem {shared_mem}) failed",
                                   plat.error_name(err))
@@ -262,7 +265,6 @@ class Kernel:
         finally:
             for ptr in buffers:
                 plat.free(ptr)
-        del keep
 
     def _raise_shared_limit(self, plat, fn, dev, shared_mem):
         if shared_mem > self._shared_limit.get(dev, _STATIC_SHARED_LIMIT):
@@ -306,7 +308,7 @@ class Kernel:
                "fns": wrapped, "limits": self._shared_limit, "raw_stream": torch._C._cuda_getCurrentRawStream,
                "launch": launch, "OK": ok, "paddr": ctypes.addressof(params), "general": self._launch_general,
                "stream_handle": arrays.stream_handle,
-               "ensure_current": getattr(plat, "ensure_current", plat.set_current),
+               "push": getattr(plat, "push_current", None), "pop": getattr(plat, "pop_current", None),
                "pack": packer.pack_into, "block": block}
         self._fast_fns, self._wrap_fn = wrapped, wrap_fn
         for dev, fn in self._fns.items():
@@ -331,6 +333,15 @@ class Kernel:
                                   [f"{t}.is_contiguous()" for t in tensors])
         args = ", ".join(names)
         unpack = f"{args}{',' if len(names) == 1 else ''} = args"
+        single_launch = ("                if launch(fn, g0, g1, g2, b0, b1, b2, shared_mem, st, paddr, 0)[0] is OK:\n"
+                         "                    return")
+        # several GPUs: launch in the tensors' device context and give the caller back its own
+        multi_launch = ("                pushed = push(dev)\n"
+                        "                ok = launch(fn, g0, g1, g2, b0, b1, b2, shared_mem, st, paddr, 0)[0] is OK\n"
+                        "                if pushed:\n"
+                        "                    pop()\n"
+                        "                if ok:\n"
+                        "                    return")
         body = "\n".join("                " + s for s in sets)
         src = f"""
 def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
@@ -347,9 +358,7 @@ def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
                     st = stream
                 else:
                     st = stream_handle(stream)
-{"                ensure_current(dev)" if plat.device_count() > 1 else ""}
-                if launch(fn, g0, g1, g2, b0, b1, b2, shared_mem, st, paddr, 0)[0] is OK:
-                    return
+{multi_launch if plat.device_count() > 1 else single_launch}
     return general((g0, g1, g2), (b0, b1, b2), args, shared_mem, stream)
 """
         exec(compile(src, f"<rocjit launcher {self.name}>", "exec"), env)
@@ -484,6 +493,22 @@ def _scalar_arg(a, p: signature.Param):
 
 
 # ----------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def _device_context(plat, dev):
+    """dev's context for the launch; the caller's current context (torch's current device) is restored after."""
+    push = getattr(plat, "push_current", None)
+    if push is None:
+        plat.set_current(dev)
+        yield
+        return
+    pushed = push(dev)
+    try:
+        yield
+    finally:
+        if pushed:
+            plat.pop_current()
+
+
 _modules: dict[tuple[str, int], int] = {}
 _modules_lock = threading.Lock()
 

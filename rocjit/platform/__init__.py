@@ -19,6 +19,7 @@
     synchronize(dev) / check_last(dev)     check_last raises LaunchError on a sticky error
     pointer_device(ptr) -> int | None      device ordinal of device memory, None for host memory
     set_current(dev)                       make the device's primary context current
+    push_current(dev) -> bool / pop_current()   optional: the same for one launch, restoring the caller's context
     error_name(code) -> str
 
 Nothing here imports a vendor binding at module import time: ``get()`` does it lazily.

@@ -15,7 +15,6 @@ from rocjit.platform import Compiled
 
 NAME = "cuda"
 _SUCCESS = 0
-_INVALID_CONTEXT = 201
 
 
 # ----------------------------------------------------------------------------- driver (ctypes)
@@ -36,6 +35,7 @@ class _Driver:
             "cuMemAlloc_v2": (P, S), "cuMemFree_v2": (P,), "cuMemcpyHtoD_v2": (ctypes.c_uint64, P, S),
             "cuMemcpyDtoH_v2": (P, ctypes.c_uint64, S), "cuPointerGetAttribute": (P, I, ctypes.c_uint64),
             "cuDriverGetVersion": (P,), "cuGetErrorName": (I, P), "cuCtxGetDevice": (P,),
+            "cuCtxPushCurrent_v2": (P,), "cuCtxPopCurrent_v2": (P,),
         }
         for name, argtypes in sig.items():
             fn = getattr(self.lib, name)
@@ -150,12 +150,22 @@ def set_current(dev: int) -> None:
     _drv().check(_drv().cuCtxSetCurrent(_context(dev)), "cuCtxSetCurrent")
 
 
-def ensure_current(dev: int) -> None:
-    """Make `dev`'s primary context current if it is not (one cheap driver query)."""
-    cur = ctypes.c_void_p()
+def push_current(dev: int) -> bool:
+    """Make `dev`'s primary context current for a launch. Returns True when another context was current: the
+    caller then calls pop_current() afterwards, so the caller's (and torch's) current device is left as it was."""
+    cur, ctx = ctypes.c_void_p(), _context(dev)
     _drv().cuCtxGetCurrent(ctypes.byref(cur))
-    if cur.value != _context(dev):
+    if cur.value == ctx:
+        return False
+    if not cur.value:                 # no context on this thread yet: adopt the primary one, as torch would
         set_current(dev)
+        return False
+    _drv().check(_drv().cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+    return True
+
+
+def pop_current() -> None:
+    _drv().check(_drv().cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p())), "cuCtxPopCurrent")
 
 
 # ----------------------------------------------------------------------------- compile (no GPU needed)
@@ -249,7 +259,7 @@ def compile(source: str, *, target: str, options=(), include_dirs=(), name_expre
 
 # ----------------------------------------------------------------------------- modules & functions
 def load_module(binary: bytes, dev: int) -> int:
-    set_current(dev)
+    """Load into the current context, which the caller has made dev's primary context (push_current)."""
     mod = ctypes.c_void_p()
     err = _drv().cuModuleLoadData(ctypes.byref(mod), binary)
     if err != _SUCCESS:
@@ -313,7 +323,6 @@ def fast_launch():
 
 # ----------------------------------------------------------------------------- memory (staging)
 def malloc(nbytes: int, dev: int) -> int:
-    ensure_current(dev)
     p = ctypes.c_uint64()
     _drv().check(_drv().cuMemAlloc(ctypes.byref(p), max(int(nbytes), 1)), "cuMemAlloc")
     return p.value
@@ -332,8 +341,12 @@ def memcpy_dtoh(dst_ptr: int, src: int, nbytes: int) -> None:
 
 
 def synchronize(dev: int) -> None:
-    ensure_current(dev)
-    _drv().check(_drv().cuCtxSynchronize(), "kernel execution (cuCtxSynchronize)")
+    pushed = push_current(dev)
+    try:
+        _drv().check(_drv().cuCtxSynchronize(), "kernel execution (cuCtxSynchronize)")
+    finally:
+        if pushed:
+            pop_current()
 
 
 _P_MEMORY_TYPE, _P_DEVICE_ORDINAL = 2, 9

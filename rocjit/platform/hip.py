@@ -461,10 +461,27 @@ def set_current(dev: int):
     _ok(hip.hipSetDevice(dev), f"hipSetDevice({dev})")
 
 
-def load_module(binary: bytes, dev: int):
-    """hipModuleLoadData on device `dev` (made current first)."""
+_previous = threading.local()
+
+
+def push_current(dev: int) -> bool:
+    """Make `dev` current for a launch; True when the caller's device must be restored with pop_current()."""
     hip = _require()
+    prev = int(_ok(hip.hipGetDevice(), "hipGetDevice"))
+    if prev == dev:
+        return False
+    _previous.__dict__.setdefault("stack", []).append(prev)
     set_current(dev)
+    return True
+
+
+def pop_current() -> None:
+    set_current(_previous.stack.pop())
+
+
+def load_module(binary: bytes, dev: int):
+    """hipModuleLoadData on device `dev` (the caller made it current with push_current)."""
+    hip = _require()
     return _ok(hip.hipModuleLoadData(binary), "hipModuleLoadData")
 
 
@@ -540,7 +557,6 @@ def launch(fn: Function, grid, block, shared_mem, stream, kernel_params) -> int:
 
 def malloc(nbytes: int, dev: int) -> int:
     hip = _require()
-    set_current(dev)
     return int(_ok(hip.hipMalloc(max(int(nbytes), 1)), "hipMalloc"))
 
 

@@ -191,12 +191,24 @@ def test_two_devices():
         pytest.skip("needs two GPUs")
     k = rocjit.kernel(AXPY)
     n = 1000
+    torch.cuda.set_device(0)
     x1 = torch.randn(n, device="cuda:1")
     y1 = torch.randn(n, device="cuda:1")
     ref = x1 + y1
-    k[_blocks(n), 256](1.0, x1, y1, n)
+    k[_blocks(n), 256](1.0, x1, y1, n)                  # first call: compile, load on device 1, general path
     torch.cuda.synchronize(1)
     torch.testing.assert_close(y1, ref)
+    assert torch.cuda.current_device() == 0             # the caller's current device is left alone
+    for _ in range(3):                                  # the generated launcher, both devices in turn
+        for d in (0, 1):
+            x = torch.randn(n, device=f"cuda:{d}")
+            y = torch.randn(n, device=f"cuda:{d}")
+            ref = 3 * x + y
+            k[_blocks(n), 256](3.0, x, y, n)
+            torch.cuda.synchronize(d)
+            torch.testing.assert_close(y, ref)
+            assert torch.cuda.current_device() == 0
+            assert torch.empty(1, device="cuda").device.index == 0
     x0 = torch.randn(n, device="cuda:0")
     with pytest.raises(rocjit.ArgumentError, match="different devices"):
         k[_blocks(n), 256](1.0, x0, y1, n)
