@@ -185,9 +185,6 @@ class Kernel:
     def __call__(self, *args, grid, block, shared_mem: int = 0, stream=None):
         return self[grid, block](*args, shared_mem=shared_mem, stream=stream)
 
-    def launch(self, grid, block, args, shared_mem: int = 0, stream=None):
-        return self[grid, block](*args, shared_mem=shared_mem, stream=stream)
-
     # ------------------------------------------------------------------ general path
     def _launch_general(self, g, b, args, shared_mem, stream):
         from rocjit import platform
@@ -232,7 +229,7 @@ class Kernel:
         if shared_mem < 0:
             raise ValueError(f"shared_mem must be >= 0, got {shared_mem}")
         self._raise_shared_limit(plat, fn, dev, shared_mem)
-        if staged and _capturing(uses_torch):
+        if staged and _capturing():
             raise ArgumentError(f"kernel {self.name}: numpy arguments are copied to and from the device around the "
                                 f"launch, which a graph capture cannot record; pass device arrays inside capture")
         buffers = []
@@ -257,7 +254,7 @@ class Kernel:
                 raise LaunchError(f"launch of {self.name} (grid {g}, block {b}, shared_mem {shared_mem}) failed",
                                   plat.error_name(err))
             if staged or _debug():
-                if not _capturing(uses_torch):
+                if not _capturing():
                     plat.check_last(dev)
             for (_, st, p), ptr in zip(staged, buffers):
                 if st.copy_out and not p.const and st.array.nbytes:
@@ -579,6 +576,6 @@ def _cupy_stream() -> int:
     return cupy.cuda.get_current_stream().ptr if cupy is not None else 0
 
 
-def _capturing(uses_torch: bool) -> bool:
+def _capturing() -> bool:
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())

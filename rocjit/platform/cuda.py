@@ -105,7 +105,7 @@ def _attr(dev: int, attr: int) -> int:
 
 # CUdevice_attribute values (cuda.h)
 _A_MAX_THREADS, _A_WARP, _A_SM_COUNT, _A_CC_MAJOR, _A_CC_MINOR = 1, 10, 16, 75, 76
-_A_L2, _A_SMEM_OPTIN, _A_SMEM_PER_SM, _A_MEM_BUS, _A_MEM_CLOCK = 38, 97, 81, 37, 36
+_A_L2, _A_SMEM_OPTIN, _A_SMEM_PER_SM = 38, 97, 81
 
 
 @functools.lru_cache(maxsize=None)
@@ -275,7 +275,7 @@ def get_function(module: int, mangled: str) -> int:
     return fn.value
 
 
-_F_MAX_THREADS, _F_SHARED, _F_CONST, _F_LOCAL, _F_REGS, _F_MAX_DYN_SHARED = 0, 1, 2, 3, 4, 8
+_F_MAX_THREADS, _F_SHARED, _F_LOCAL, _F_REGS, _F_MAX_DYN_SHARED = 0, 1, 3, 4, 8
 
 
 def _func_attr(fn: int, attr: int) -> int:
