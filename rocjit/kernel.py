@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
 import struct
 import sys
@@ -174,7 +173,7 @@ class Kernel:
         if not (isinstance(cfg, tuple) and len(cfg) == 2):
             raise TypeError("launch with kernel[grid, block](*args): grid and block are ints or tuples")
         g, b = _dim3(cfg[0], "grid"), _dim3(cfg[1], "block")
-        launcher = functools.partial(self._fast, *g, *b) if self._fast else _Configured(self, g, b)
+        launcher = self._fast(*g, *b) if self._fast else _Configured(self, g, b)
         if len(self._configured) < 256:
             try:
                 self._configured[cfg] = launcher
@@ -279,7 +278,11 @@ class Kernel:
 
     # ------------------------------------------------------------------ fast path
     def _build_fast_path(self):
-        """Generate a launcher specialised to this signature: torch tensors + Python scalars, no loops."""
+        """Generate launchers specialised to this signature (torch tensors + Python scalars, no loops).
+
+        The generated ``make(gx, gy, gz, bx, by, bz)`` returns one launcher per launch configuration, with the
+        configuration in closure cells and one positional parameter per kernel argument: ``kernel[grid, block]``
+        hands it out from a dict, so a launch is one Python call with no argument tuple to unpack."""
         torch = sys.modules.get("torch")
         plat = self._plat
         fast = getattr(plat, "fast_launch", None)
@@ -292,7 +295,8 @@ class Kernel:
             self._fast = False
             return
         fmt, values, conds, names = self._fast_block_format()
-        if fmt is None:
+        tensors = [f"a{i}" for i, p in enumerate(self.params) if p.pointer]
+        if fmt is None or not tensors:     # no tensor tells the device: the general path picks it
             self._fast = False
             return
         packer = struct.Struct(fmt)
@@ -300,67 +304,71 @@ class Kernel:
         offsets = _struct_offsets(fmt)
         params = (ctypes.c_void_p * max(1, len(offsets)))(*[ctypes.addressof(block) + o for o in offsets])
         self._fast_block, self._fast_params = block, params     # keep the memory alive
-        wrapped = {}
-        env = {"Tensor": torch.Tensor, "get_ident": threading.get_ident, "owner": self._owner,
-               "fns": wrapped, "limits": self._shared_limit, "raw_stream": torch._C._cuda_getCurrentRawStream,
-               "launch": launch, "OK": ok, "paddr": ctypes.addressof(params), "general": self._launch_general,
-               "stream_handle": arrays.stream_handle,
-               "push": getattr(plat, "push_current", None), "pop": getattr(plat, "pop_current", None),
-               "pack": packer.pack_into, "block": block}
+        wrapped = {dev: wrap_fn(fn) for dev, fn in self._fns.items()}
         self._fast_fns, self._wrap_fn = wrapped, wrap_fn
-        for dev, fn in self._fns.items():
-            wrapped[dev] = wrap_fn(fn)
-        sets = []
-        for i, p in enumerate(self.params):
-            if p.pointer:
-                if p.dtypes is not None:
-                    tds = tuple(getattr(torch, d) for d in p.dtypes if hasattr(torch, d))
-                    env[f"D{i}"] = tds[0] if len(tds) == 1 and len(p.dtypes) == 1 else tds
-                align = signature.POINTEE_ALIGN.get(p.ctype, 1)
-                sets.append(f"p{i} = a{i}.data_ptr()")
-                if align > 1:
-                    sets.append(f"if p{i} % {align}: return general((g0, g1, g2), (b0, b1, b2), args, "
-                                f"shared_mem, stream)")
-        sets.append(f"pack(block, 0, {', '.join(values)})")
-        tensors = [f"a{i}" for i, p in enumerate(self.params) if p.pointer]
-        if not tensors:
-            self._fast = False  # nothing tells the device; the general path picks it
+        multi = plat.device_count() > 1
+        if not multi and 0 not in wrapped:
+            self._fast = False
             return
-        dev_checks = " and ".join([f"{t}.get_device() == dev" for t in tensors[1:]] +
-                                  [f"{t}.is_contiguous()" for t in tensors])
-        args = ", ".join(names)
-        unpack = f"{args}{',' if len(names) == 1 else ''} = args"
-        single_launch = ("                if launch(fn, g0, g1, g2, b0, b1, b2, shared_mem, st, paddr, 0)[0] is OK:\n"
-                         "                    return")
-        # several GPUs: launch in the tensors' device context and give the caller back its own
-        multi_launch = ("                pushed = push(dev)\n"
-                        "                ok = launch(fn, g0, g1, g2, b0, b1, b2, shared_mem, st, paddr, 0)[0] is OK\n"
-                        "                if pushed:\n"
-                        "                    pop()\n"
-                        "                if ok:\n"
-                        "                    return")
-        body = "\n".join("                " + s for s in sets)
-        src = f"""
-def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
-    if len(args) == {len(names)}:
-        {unpack}
-        if {' and '.join(conds + ['get_ident() == owner'])}:
-            dev = {tensors[0]}.get_device()
-            fn = fns.get(dev)
-            if fn is not None and {dev_checks} and shared_mem <= limits[dev]:
-{body}
-                if stream is None:
-                    st = raw_stream(dev)
-                elif type(stream) is int:
-                    st = stream
-                else:
-                    st = stream_handle(stream)
-{multi_launch if plat.device_count() > 1 else single_launch}
-    return general((g0, g1, g2), (b0, b1, b2), args, shared_mem, stream)
-"""
+        env = {"Tensor": torch.Tensor, "get_ident": threading.get_ident, "owner": self._owner, "M": _MISSING,
+               "fns": wrapped, "fn": wrapped.get(0), "limits": self._shared_limit,
+               "raw_stream": torch._C._cuda_getCurrentRawStream, "launch": launch, "OK": ok,
+               "paddr": ctypes.addressof(params), "general": self._launch_general, "given": _given,
+               "stream_handle": arrays.stream_handle, "pack": packer.pack_into, "block": block,
+               "pack_errors": (struct.error, OverflowError),
+               "push": getattr(plat, "push_current", None), "pop": getattr(plat, "pop_current", None)}
+        aligned = {}
+        for i, p in enumerate(self.params):
+            if p.pointer and p.dtypes is not None:
+                tds = tuple(getattr(torch, d) for d in p.dtypes if hasattr(torch, d))
+                env[f"D{i}"] = tds[0] if len(tds) == 1 and len(p.dtypes) == 1 else tds
+            if p.pointer and signature.POINTEE_ALIGN.get(p.ctype, 1) > 1:
+                aligned.setdefault(signature.POINTEE_ALIGN[p.ctype], []).append(f"p{i}")
+        if multi:   # the tensors' device decides; its context is pushed around the launch
+            device_ok = " and ".join(["(fn := fns.get(dev)) is not None"] +
+                                     [f"{t}.get_device() == dev" for t in tensors[1:]])
+            get_dev, dev = f"dev = {tensors[0]}.get_device()", "dev"
+        else:       # one visible GPU: a CUDA tensor is on device 0
+            device_ok = " and ".join(f"{t}.is_cuda" for t in tensors)
+            get_dev, dev = None, "0"
+        contiguous = " and ".join(f"{t}.is_contiguous()" for t in tensors)
+        # vector pointees (float4*, __half2*, ...) need more alignment than a tensor of their element type has
+        misaligned = " | ".join(f"(({' | '.join(ps)}) & {a - 1})" for a, ps in sorted(aligned.items())) or "0"
+        call = f"launch(fn, g0, g1, g2, b0, b1, b2, shared_mem, st, paddr, 0)[0] is OK"
+        if multi:
+            do_launch = ["pushed = push(dev)", f"done = {call}", "if pushed:", "    pop()", "if done:", "    return"]
+        else:
+            do_launch = [f"if {call}:", "    return"]
+        sig = ", ".join(f"{n}=M" for n in names)
+        lines = [
+            f"if {' and '.join(conds)} and not rest and get_ident() == owner:",
+            *([f"    {get_dev}"] if get_dev else []),
+            f"    if {device_ok} and {contiguous} and type(shared_mem) is int "
+            f"and (not shared_mem or 0 < shared_mem <= limits[{dev}]):",
+            *[f"        p{i} = a{i}.data_ptr()" for i, p in enumerate(self.params) if p.pointer],
+            f"        if not ({misaligned}):",
+            f"            try:",
+            f"                pack(block, 0, {', '.join(values)})",
+            f"            except pack_errors:      # a scalar out of its C type's range: the general path says so",
+            f"                return general((g0, g1, g2), (b0, b1, b2), given(({', '.join(names)},), rest), "
+            f"shared_mem, stream)",
+            f"            if stream is None:",
+            f"                st = raw_stream({dev})",
+            f"            elif type(stream) is int:",
+            f"                st = stream",
+            f"            else:",
+            f"                st = stream_handle(stream)",
+            *[f"            {line}" for line in do_launch],
+            f"return general((g0, g1, g2), (b0, b1, b2), given(({', '.join(names)},), rest), shared_mem, stream)",
+        ]
+        src = (f"def make(g0, g1, g2, b0, b1, b2):\n"
+               f"    def launch_kernel({sig}, *rest, shared_mem=0, stream=None):\n" +
+               "".join(f"        {line}\n" for line in lines) +
+               f"    return launch_kernel\n")
+        self._fast_source = src
         exec(compile(src, f"<rocjit launcher {self.name}>", "exec"), env)
-        self._fast = env["fast"]
-        self._configured.clear()   # later kernel[grid, block] lookups hand out the generated launcher directly
+        self._fast = env["make"]
+        self._configured.clear()   # later kernel[grid, block] lookups hand out generated launchers
 
     def _fast_block_format(self):
         """struct format of the parameter block, the value expression and guard of each parameter, arg names."""
@@ -384,8 +392,7 @@ def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
             elif code == "?":
                 conds.append(f"type({a}) is bool")
             else:
-                lo, hi = _INT_RANGES[ct]
-                conds.append(f"type({a}) is int and {lo} <= {a} <= {hi}")
+                conds.append(f"type({a}) is int")     # its range: struct.pack_into checks it
             fmt += code
             values.append(a)
         return fmt, values, conds, names
@@ -395,18 +402,31 @@ def fast(g0, g1, g2, b0, b1, b2, *args, shared_mem=0, stream=None):
 
 
 class _Configured:
-    """kernel[grid, block]: calling it launches."""
-    __slots__ = ("kernel", "grid", "block")
+    """kernel[grid, block] before the kernel is loaded (or without a generated launcher): calling it launches."""
+    __slots__ = ("kernel", "grid", "block", "fast")
 
     def __init__(self, kernel, grid, block):
-        self.kernel, self.grid, self.block = kernel, grid, block
+        self.kernel, self.grid, self.block, self.fast = kernel, grid, block, None
 
     def __call__(self, *args, shared_mem=0, stream=None):
-        k = self.kernel
-        fast = k._fast
-        if fast:
-            return fast(*self.grid, *self.block, *args, shared_mem=shared_mem, stream=stream)
-        return k._launch_general(self.grid, self.block, args, shared_mem, stream)
+        if self.fast is None and self.kernel._fast:
+            self.fast = self.kernel._fast(*self.grid, *self.block)
+        if self.fast:
+            return self.fast(*args, shared_mem=shared_mem, stream=stream)
+        return self.kernel._launch_general(self.grid, self.block, args, shared_mem, stream)
+
+
+class _Missing:
+    def __repr__(self):
+        return "<missing argument>"
+
+
+_MISSING = _Missing()
+
+
+def _given(named: tuple, rest: tuple) -> tuple:
+    """The arguments a generated launcher was actually called with."""
+    return tuple(a for a in named if a is not _MISSING) + rest
 
 
 # ----------------------------------------------------------------------------- argument checking
