@@ -323,6 +323,8 @@ def amd_occupancy(target: str, vgpr: int, sgpr: int, lds_bytes: int, block: int)
     waves_sgpr = min(waves_sgpr, max_waves)
     waves_per_eu = min(waves_vgpr, waves_sgpr)
     waves_per_wg = -(-block // 64)
+    # (the per-CU workgroup cap, 16 barriers for multi-wave workgroups, never binds below: with at most 8 waves
+    # per SIMD a CU holds at most 32 // waves_per_wg <= 16 of them)
     wg_regs = (waves_per_eu * lim["simds"]) // waves_per_wg if waves_per_wg else 0
     wg_lds = lim["lds_per_cu"] // lds_bytes if lds_bytes else None
     wg_per_cu = wg_regs if wg_lds is None else min(wg_regs, wg_lds)
