@@ -1,10 +1,11 @@
 // Portable GEMV / small-batch GEMM: out[b, n] = sum_k W[n, k] x[b, k] for b < B <= MB.
 //
-// P threads share one weight row (a "dot team"): each reads 16 bytes of the row at a time
+// P threads share RT weight rows (a "dot team"): each reads 16 bytes of every row at a time
 // (8 f16/bf16, 16 int8/fp8 or 32 int4 values), dequantizes in registers, multiplies with the
-// matching activations of every batch row in fp32, and the team sums with xor shuffles.
-// A block holds ROWS teams. Runs on every target (no matrix instructions); it is the GEMV
-// path for quantized weights and the fallback of skinny_gemm.hip.
+// matching activations of every batch row in fp32, and the team sums with xor shuffles. The
+// activations are loaded and converted once for the RT rows. A block holds ROWS teams. Runs on
+// every target (no matrix instructions); it is the GEMV path for quantized weights and the
+// fallback of skinny_gemm.hip.
 //
 // Weight formats (one 16-byte chunk = `per16` values):
 //   f16/bf16       plain
@@ -53,8 +54,15 @@ __device__ __forceinline__ float fp8_to_float(unsigned b) {
 __device__ __forceinline__ float i8_to_float(unsigned byte) {
     return __uint_as_float(0x4B000000u | (byte ^ 0x80u)) - 8388736.f;   // 2^23 + 128
 }
-__device__ __forceinline__ float u4_minus(unsigned nib, float magic_plus_zero) {
-    return __uint_as_float(0x4B000000u | nib) - magic_plus_zero;         // exact for small ints
+// int4: nibble j of a word is left in place (masked, not shifted) inside the 2^23 magic float,
+// which gives k * 16^j exactly: one LOP3 + one FADD per weight. Nibbles 5..7 are taken from the
+// word shifted right by 12 so every one sits below bit 20 (position j - 3). The activation that
+// multiplies nibble j is scaled by 16^-i4_pos(j) first (exact: a power of two), once for all
+// rows; the zero point is applied as zero * sum(x) per chunk, so it may be fractional.
+__device__ __forceinline__ constexpr int i4_pos(int j) { return j <= 4 ? j : j - 3; }
+__device__ __forceinline__ float u4_in_place(unsigned word, int j, unsigned magic) {
+    const unsigned src = j <= 4 ? word : word >> 12;
+    return __uint_as_float(rocjit::and_or(src, 0xFu << (4 * i4_pos(j)), magic)) - 8388608.f;
 }
 
 // ---- weight kinds ----
@@ -100,40 +108,47 @@ template <class WK> struct x_loader<unsigned char, WK> {   // fp8 activations go
 // scale is applied to the chunk's dot product, since a chunk never straddles a group).
 template <class WK, int E> struct dequant;
 template <int E> struct dequant<w_f16, E> {
-    __device__ static void run(uint4 v, float (&wf)[E], float) {
+    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) {
         const unsigned r[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) { float2 f = unpack2(r[i], __half()); wf[2 * i] = f.x; wf[2 * i + 1] = f.y; }
     }
 };
 template <int E> struct dequant<w_bf16, E> {
-    __device__ static void run(uint4 v, float (&wf)[E], float) {
+    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) {
         const unsigned r[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) { float2 f = unpack2(r[i], __hip_bfloat16()); wf[2 * i] = f.x; wf[2 * i + 1] = f.y; }
     }
 };
 template <int E> struct dequant<w_i8, E> {
-    __device__ static void run(uint4 v, float (&wf)[E], float) {
+    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) wf[i] = i8_to_float(byte_of(v, i));
     }
 };
-template <int E> struct dequant<w_i4, E> {
-    __device__ static void run(uint4 v, float (&wf)[E], float zero) {
-        const float mz = 8388608.f + zero;
+template <int E> struct dequant<w_i4, E> {   // exact k - zero: shift, LOP3 and two FADDs per weight
+    __device__ static void run(uint4 v, float (&wf)[E], unsigned magic, float zero) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) wf[i] = u4_minus((word_of(v, i / 8) >> (4 * (i % 8))) & 0xFu, mz);
+        for (int i = 0; i < 32; ++i)
+            wf[i] = (__uint_as_float(rocjit::and_or(word_of(v, i / 8) >> (4 * (i % 8)), 0xFu, magic)) - 8388608.f)
+                    - zero;
     }
 };
+// int4, k * 16^i4_pos(i % 8) (see u4_in_place): for activations pre-scaled by 16^-i4_pos.
+template <int E>
+__device__ __forceinline__ void dequant_i4_in_place(uint4 v, float (&wf)[E], unsigned magic) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) wf[i] = u4_in_place(word_of(v, i / 8), i % 8, magic);
+}
 template <int E> struct dequant<w_e4m3, E> {
-    __device__ static void run(uint4 v, float (&wf)[E], float) {
+    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<false>(byte_of(v, i));
     }
 };
 template <int E> struct dequant<w_e4m3fnuz, E> {
-    __device__ static void run(uint4 v, float (&wf)[E], float) {
+    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<true>(byte_of(v, i));
     }
@@ -146,80 +161,136 @@ template <> struct is_i4<w_i4> { static constexpr bool value = true; };
 
 // XT: activation type (__half, __hip_bfloat16, or unsigned char for fp8 with fp8 weights);
 // WK: weight kind; ST: type of w_scale / w_zero (float or XT); OT: output type.
-// P threads per row (a power of two <= wave size), ROWS rows per block, MB >= B batch rows,
-// UNROLL 16-byte weight loads in flight per thread.
+// P threads per team (a power of two <= wave size), ROWS teams per block, RT rows per team,
+// MB >= B batch rows, UNROLL 16-byte loads per row in flight per thread.
 // w_scale: int8 [N]; int4 [N, K/G] (+ w_zero [N, K/G]); fp8 [1] or [N] (w_scale_per_row).
 // scale_a: fp8 activations' per-tensor scale [1] or nullptr.
-template <class XT, class WK, class ST, class OT, int P, int ROWS, int MB, int UNROLL>
+template <class XT, class WK, class ST, class OT, int P, int ROWS, int MB, int UNROLL, int RT>
 __launch_bounds__(P * ROWS, 1) __global__ void
 gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x, OT* __restrict__ out,
             const ST* __restrict__ w_scale, const ST* __restrict__ w_zero, int group_size, int w_scale_per_row,
             const float* __restrict__ scale_a, int N, int K, int B) {
     using namespace gemv;
     constexpr int E = WK::per16;
+    constexpr bool I4 = is_i4<WK>::value;
     const int team = threadIdx.x / P, lp = threadIdx.x % P;
-    const int n = blockIdx.x * ROWS + team;
-    const bool row_live = n < N;
-    const typename WK::storage* wrow = w + (size_t)(row_live ? n : 0) * (is_i4<WK>::value ? K / 2 : K);
+    const int n0 = (blockIdx.x * ROWS + team) * RT;        // this team's rows: n0 .. n0 + RT - 1
+    const size_t row_len = I4 ? K / 2 : K;                 // storage elements per row
     const int nchunks = K / E;
-    const int groups = is_i4<WK>::value ? K / group_size : 1;
-
-    float acc[MB];
+    const uint4* wrow[RT];
+    int goff[RT];                                          // int4: row's first group in w_scale / w_zero
 #pragma unroll
-    for (int b = 0; b < MB; ++b) acc[b] = 0.f;
+    for (int r = 0; r < RT; ++r) {
+        const int n = n0 + r < N ? n0 + r : 0;
+        wrow[r] = reinterpret_cast<const uint4*>(w + (size_t)n * row_len);
+        goff[r] = I4 ? n * (K / group_size) : 0;
+    }
+    // int4: chunk c lies in group c >> gshift (group_size is E << gshift, a power of two)
+    const int gshift = I4 ? 31 - __clz(group_size / E) : 0;
+    const unsigned magic = 0x4B000000u;   // int4: 2^23, see u4_in_place
+
+    float acc[RT][MB];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int b = 0; b < MB; ++b) acc[r][b] = 0.f;
 
     for (int c0 = lp; c0 < nchunks; c0 += P * UNROLL) {
-        uint4 wv[UNROLL];
+        uint4 wv[UNROLL][RT];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int c = c0 + u * P;
-            wv[u] = (row_live && c < nchunks) ? reinterpret_cast<const uint4*>(wrow)[c] : make_uint4(0, 0, 0, 0);
-        }
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                const int c = c0 + u * P, n = n0 + r;
+                wv[u][r] = (n < N && c < nchunks) ? wrow[r][c] : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int c = c0 + u * P;
             if (c >= nchunks) break;
-            float zero = 0.f, gscale = 1.f;
-            if (is_i4<WK>::value && row_live) {
-                const size_t g = (size_t)n * groups + (size_t)c * E / group_size;
-                zero = to_float(w_zero[g]);
-                gscale = to_float(w_scale[g]);
+            float zero[RT], gscale[RT];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                zero[r] = 0.f;
+                gscale[r] = 1.f;
+                if (I4 && n0 + r < N) {   // a chunk never straddles a group
+                    const int g = goff[r] + (c >> gshift);
+                    zero[r] = to_float(w_zero[g]);
+                    gscale[r] = to_float(w_scale[g]);
+                }
             }
-            float wf[E];
-            dequant<WK, E>::run(wv[u], wf, zero);
-#pragma unroll
-            for (int b = 0; b < MB; ++b) {
-                if (b >= B) break;
+            if (MB == 1) {
+                // one activation chunk for the RT rows: loaded, converted (int4: pre-scaled and summed)
+                // once; int4 weights dequantized in place, the zero point applied as zero * sum(x)
                 float xf[E];
-                x_loader<XT, WK>::template load<E>(x + (size_t)b * K + (size_t)c * E, xf);
-                float d = 0.f;
+                x_loader<XT, WK>::template load<E>(x + (size_t)c * E, xf);
+                float xsum = 0.f;
+                if (I4) {
 #pragma unroll
-                for (int i = 0; i < E; ++i) d = fmaf(wf[i], xf[i], d);
-                acc[b] = is_i4<WK>::value ? fmaf(gscale, d, acc[b]) : acc[b] + d;
+                    for (int i = 0; i < E; ++i) {
+                        xsum += xf[i];
+                        xf[i] *= 1.f / (float)(1u << (4 * i4_pos(i % 8)));
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    float wf[E];
+                    if (I4) dequant_i4_in_place(wv[u][r], wf, magic);
+                    else dequant<WK, E>::run(wv[u][r], wf, magic, 0.f);
+                    float d = 0.f;
+#pragma unroll
+                    for (int i = 0; i < E; ++i) d = fmaf(wf[i], xf[i], d);
+                    acc[r][0] = I4 ? fmaf(gscale[r], fmaf(-zero[r], xsum, d), acc[r][0]) : acc[r][0] + d;
+                }
+            } else {
+                // several batch rows: each row's weights dequantized once (int4: k - zero exactly)
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    float wf[E];
+                    dequant<WK, E>::run(wv[u][r], wf, magic, zero[r]);
+#pragma unroll
+                    for (int b = 0; b < MB; ++b) {
+                        if (b >= B) continue;
+                        float xf[E];
+                        x_loader<XT, WK>::template load<E>(x + (size_t)b * K + (size_t)c * E, xf);
+                        float d = 0.f;
+#pragma unroll
+                        for (int i = 0; i < E; ++i) d = fmaf(wf[i], xf[i], d);
+                        acc[r][b] = I4 ? fmaf(gscale[r], d, acc[r][b]) : acc[r][b] + d;
+                    }
+                }
             }
         }
     }
 
     // Team reduction: xor butterfly inside the P lanes (fixed order, every lane ends with the sum).
 #pragma unroll
-    for (int b = 0; b < MB; ++b)
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int off = P / 2; off > 0; off >>= 1) acc[b] += __shfl_xor(acc[b], off, P);
+        for (int b = 0; b < MB; ++b)
+#pragma unroll
+            for (int off = P / 2; off > 0; off >>= 1) acc[r][b] += __shfl_xor(acc[r][b], off, P);
 
-    if (lp != 0 || !row_live) return;
-    float s = 1.f;
-    if (!is_i4<WK>::value && w_scale) s = to_float(w_scale[w_scale_per_row ? n : 0]);
-    if (scale_a) s *= scale_a[0];
+    if (lp != 0) return;
 #pragma unroll
-    for (int b = 0; b < MB; ++b) {
-        if (b >= B) break;
-        store<OT>(out + (size_t)b * N + n, acc[b] * s);
+    for (int r = 0; r < RT; ++r) {
+        const int n = n0 + r;
+        if (n < N) {
+            float s = 1.f;
+            if (!I4 && w_scale) s = to_float(w_scale[w_scale_per_row ? n : 0]);
+            if (scale_a) s *= scale_a[0];
+#pragma unroll
+            for (int b = 0; b < MB; ++b)
+                if (b < B) store<OT>(out + (size_t)b * N + n, acc[r][b] * s);
+        }
     }
 }
 
-// rocjit:check gemv_kernel<__half, gemv::w_f16, float, __half, 32, 8, 1, 2>
-// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_bf16, float, __hip_bfloat16, 16, 16, 8, 2>
-// rocjit:check gemv_kernel<__half, gemv::w_i8, float, __half, 32, 8, 1, 2>
-// rocjit:check gemv_kernel<__half, gemv::w_i4, __half, __half, 32, 8, 1, 2>
-// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 16, 8, 2>
-// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3fnuz, float, __hip_bfloat16, 32, 4, 8, 2>
+// rocjit:check gemv_kernel<__half, gemv::w_f16, float, __half, 32, 8, 1, 2, 1>
+// rocjit:check gemv_kernel<__half, gemv::w_f16, float, __half, 32, 4, 1, 2, 2>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_bf16, float, __hip_bfloat16, 16, 16, 8, 2, 1>
+// rocjit:check gemv_kernel<__half, gemv::w_i8, float, __half, 16, 8, 1, 2, 2>
+// rocjit:check gemv_kernel<__half, gemv::w_i4, __half, __half, 32, 4, 1, 1, 4>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 8, 2, 2, 2>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 16, 8, 2, 1>
+// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3fnuz, float, __hip_bfloat16, 32, 4, 8, 2, 1>

@@ -55,4 +55,16 @@
 
 namespace rocjit {
 constexpr int kWaveSize = ROCJIT_WAVE_SIZE;
+
+// (a & b) | c as one instruction: NVIDIA's lop3 (the compiler may otherwise split it in two when
+// both b and c are constants); AMD's v_and_or_b32 comes from the plain expression.
+ROCJIT_INLINE unsigned and_or(unsigned a, unsigned b, unsigned c) {
+#if ROCJIT_NVIDIA
+    unsigned d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    return (a & b) | c;
+#endif
+}
 }  // namespace rocjit

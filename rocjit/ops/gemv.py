@@ -27,6 +27,10 @@ GROUP_SIZES = (32, 64, 128)
 def _candidates(kind: str, B: int, N: int, K: int, target: str, sms: int) -> tuple[list[dict], dict]:
     portable = [{"path": "portable", "p": p, "rows": r, "unroll": u}
                 for p, r, u in ((32, 4, 4), (32, 8, 2), (16, 8, 4), (16, 16, 2), (8, 16, 4), (8, 32, 2), (4, 32, 4))]
+    # several rows per team share one activation load and conversion (int4: also its pre-scaling and sum)
+    portable += [{"path": "portable", "p": p, "rows": r, "unroll": u, "rt": rt}
+                 for p, r, u, rt in ((32, 4, 2, 2), (16, 8, 2, 2), (32, 4, 1, 4), (16, 8, 1, 4), (8, 16, 2, 2))
+                 if B <= 2]
     default = {"path": "portable", "p": 32 if K >= 4096 else 16, "rows": 4 if K >= 4096 else 8, "unroll": 4}
     if kind in ("f16", "bf16") and skinny.has_matrix_path(target, fp8=False):
         # the streamed kernel never beat the portable one at B = 1 (H100 sweep); it can at B > 1
@@ -87,6 +91,9 @@ def _check(w, x, w_scale, w_zero, group_size, out):
             raise ValueError(f"gemv: int4 weights need group_size in {GROUP_SIZES}, got {group_size}")
         if K % group_size:
             raise ValueError(f"gemv: K={K} must be a multiple of group_size={group_size}")
+        if N * (K // group_size) >= 2**31:
+            raise ValueError(f"gemv: w_scale / w_zero with N*K/group_size = {N * (K // group_size)} entries are "
+                             f"too large (at most 2**31 - 1)")
         g = (N, K // group_size)
         for nm, t in (("w_scale", w_scale), ("w_zero", w_zero)):
             if t is None or tuple(t.shape) != g or t.dtype not in sdt:

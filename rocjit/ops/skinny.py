@@ -224,11 +224,11 @@ def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict
 
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, per_row: int, scale_a,
                     st: str, M: int, N: int, K: int, cfg: dict):
-    """gemv.hip's portable kernel: cfg p threads per row, rows per block, unroll."""
-    p, rows, un = cfg["p"], cfg["rows"], cfg["unroll"]
-    name = f"gemv_kernel<{xt}, {wk}, {st}, {ctype(out.dtype)}, {p}, {rows}, {_mb(M)}, {un}>"
-    _kernel(_GEMV_SRC, name)[-(-N // rows), p * rows](w, x, out, w_scale, w_zero, group_size, per_row, scale_a,
-                                                      N, K, M)
+    """gemv.hip's portable kernel: cfg p threads per team, rows (teams) per block, unroll, rt rows per team."""
+    p, rows, un, rt = cfg["p"], cfg["rows"], cfg["unroll"], cfg.get("rt", 1)
+    name = f"gemv_kernel<{xt}, {wk}, {st}, {ctype(out.dtype)}, {p}, {rows}, {_mb(M)}, {un}, {rt}>"
+    _kernel(_GEMV_SRC, name)[-(-N // (rows * rt)), p * rows](w, x, out, w_scale, w_zero, group_size, per_row,
+                                                             scale_a, N, K, M)
     return out
 
 

@@ -16,8 +16,11 @@ def _weights(kind, xdt, N, K, g):
     if kind == "i8":
         q, s = Q.quantize_int8(w, scale_dtype=xdt)
         return q, {"w_scale": s}, 5e-3
-    gs = int(kind[3:])
+    gs = int(kind[3:].rstrip("z"))
     p, s, z = Q.quantize_int4(w, gs, scale_dtype=torch.float32 if gs == 64 else xdt)
+    if kind.endswith("z"):      # fractional zero points (as some formats store them): used exactly, not rounded
+        z = (z.float() + torch.rand(z.shape, device=z.device, generator=g) - 0.5).to(z.dtype)
+        assert (z.float() != z.float().round()).float().mean() > 0.9
     return p, {"w_scale": s, "w_zero": z, "group_size": gs}, 5e-3
 
 
@@ -27,7 +30,7 @@ def _rel(y, ref):
 
 
 @pytest.mark.parametrize("xdt", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("kind", ["float", "i8", "i4g32", "i4g64", "i4g128"])
+@pytest.mark.parametrize("kind", ["float", "i8", "i4g32", "i4g64", "i4g128", "i4g64z"])
 @pytest.mark.parametrize("B", [1, 3, 8])
 @pytest.mark.parametrize("K", [256, 6656, 16384])
 def test_every_config_matches_reference(xdt, kind, B, K):
