@@ -29,7 +29,8 @@ def _candidates(kind: str, B: int, N: int, K: int, target: str, sms: int) -> tup
                 for p, r, u in ((32, 4, 4), (32, 8, 2), (16, 8, 4), (16, 16, 2), (8, 16, 4), (8, 32, 2), (4, 32, 4))]
     # several rows per team share one activation load and conversion (int4: also its pre-scaling and sum)
     portable += [{"path": "portable", "p": p, "rows": r, "unroll": u, "rt": rt}
-                 for p, r, u, rt in ((32, 4, 2, 2), (16, 8, 2, 2), (32, 4, 1, 4), (16, 8, 1, 4), (8, 16, 2, 2))
+                 for p, r, u, rt in ((32, 4, 2, 2), (16, 8, 2, 2), (32, 4, 1, 4), (16, 8, 1, 4), (8, 16, 2, 2),
+                                     (32, 4, 2, 4))
                  if B <= 2]
     default = {"path": "portable", "p": 32 if K >= 4096 else 16, "rows": 4 if K >= 4096 else 8, "unroll": 4}
     if kind in ("f16", "bf16") and skinny.has_matrix_path(target, fp8=False):
