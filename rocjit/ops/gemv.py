@@ -6,10 +6,11 @@ Weight formats (x is float16 or bfloat16; y has x's dtype):
   - int4 W packed two per byte as uint8 [N, K/2], **low nibble first** (byte j of a row holds
     k = 2j in bits 0-3 and k = 2j+1 in bits 4-7), with group-wise ``w_scale`` and ``w_zero``
     [N, K/group_size], group_size 32, 64 or 128: W = (q - w_zero) * w_scale  (see ``quantize_int4``).
-Scales / zero points are float32, float16 or bfloat16 tensors (both of one dtype).
+Scales / zero points are float32, float16 or bfloat16 tensors (both of one dtype); zero points need not be
+integers.
 
 fp16/bf16 weights run on matrix cores where the GPU has them (skinny_gemm.hip with M = B) or the
-portable kernel (gemv.hip: P threads per row, shuffle reductions, int8/int4 dequantized in
+portable kernel (gemv.hip: P threads per team of RT rows, shuffle reductions, int8/int4 dequantized in
 registers); the tuner picks per shape bucket.
 """
 import functools
