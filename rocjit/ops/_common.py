@@ -6,7 +6,6 @@ returned in the caller's framework. Nothing here imports torch until an op is ca
 from __future__ import annotations
 
 import functools
-import sys
 
 # FP8 E4M3 formats: name -> (largest finite value, kernel tag type, torch dtype name, ml_dtypes name)
 FP8_FORMATS = {
@@ -157,7 +156,6 @@ def from_torch(t, framework: str):
     if framework == "cupy":
         import cupy
         return cupy.from_dlpack(t)
-    import numpy as np
     host = t.detach().cpu()
     name = str(host.dtype).replace("torch.", "")
     if name in ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz"):

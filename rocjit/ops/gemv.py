@@ -33,6 +33,9 @@ def _candidates(kind: str, B: int, N: int, K: int, target: str, sms: int) -> tup
                  for p, r, u, rt in ((32, 4, 2, 2), (16, 8, 2, 2), (32, 4, 1, 4), (16, 8, 1, 4), (8, 16, 2, 2),
                                      (32, 4, 2, 4))
                  if B <= 2]
+    if kind == "i4" and B == 1:   # activations prepared once per call by a small kernel (see prepare_i4)
+        portable += [{"path": "portable", "p": p, "rows": r, "unroll": u, "rt": rt, "prep": True}
+                     for p, r, u, rt in ((32, 4, 2, 2), (32, 4, 1, 4), (32, 4, 2, 4), (16, 8, 2, 2))]
     default = {"path": "portable", "p": 32 if K >= 4096 else 16, "rows": 4 if K >= 4096 else 8, "unroll": 4}
     if kind in ("f16", "bf16") and skinny.has_matrix_path(target, fp8=False):
         # the streamed kernel never beat the portable one at B = 1 (H100 sweep); it can at B > 1
@@ -120,24 +123,17 @@ _WK = {"f16": "gemv::w_f16", "bf16": "gemv::w_bf16", "i8": "gemv::w_i8", "i4": "
 def _launch(w, x, w_scale, w_zero, group_size, out):
     import torch
     kind, B, N, K, oshape = _check(w, x, w_scale, w_zero, group_size, out)
-    x = x.contiguous()
+    x = skinny.aligned_operands("gemv", x.contiguous(), w, out)
     if out is None:
         out = torch.empty(oshape, dtype=x.dtype, device=x.device)
     target, devname, sms = skinny._device(x.device.index or 0)
-    wave = 32 if target.startswith("sm_") else 64
     cands, default = _candidates(kind, B, N, K, target, sms)
     if not skinny.aligned16(w, x):
         cands = [c for c in cands if c["path"] != "stream"]
     x2, o2 = x.view(B, K), out.view(B, N)
-    st = skinny.ctype(w_scale.dtype) if w_scale is not None else "float"
 
     def run(cfg, w=w):
-        if cfg["path"] == "mma":
-            return skinny.launch_mma(x2, w, o2, None, None, B, N, K, cfg, target, wave)
-        if cfg["path"] == "stream":
-            return skinny.launch_stream(x2, w, o2, None, None, B, N, K, cfg, sms)
-        return skinny.launch_portable(x2, skinny.ctype(x.dtype), _WK[kind], w, o2, w_scale, w_zero, group_size or 0,
-                                      1, None, st, B, N, K, cfg)
+        return run_config(cfg, kind, x2, w, o2, w_scale, w_zero, group_size, target, sms)
 
     copies = []
 
@@ -151,6 +147,23 @@ def _launch(w, x, w_scale, w_zero, group_size, out):
                     src_hash=skinny.src_hash(), candidates=cands, default=default, bench=bench)
     run(cfg)
     return out
+
+
+def run_config(cfg: dict, kind: str, x2, w, o2, w_scale, w_zero, group_size, target: str, sms: int):
+    """One launch of candidate `cfg`: x2 [B, K] -> o2 [B, N] (the tuner's candidates and the tests run this)."""
+    B, K = x2.shape
+    N = o2.shape[1]
+    if cfg["path"] == "mma":
+        return skinny.launch_mma(x2, w, o2, None, None, B, N, K, cfg, target, 32 if target.startswith("sm_") else 64)
+    if cfg["path"] == "stream":
+        return skinny.launch_stream(x2, w, o2, None, None, B, N, K, cfg, sms)
+    st = skinny.ctype(w_scale.dtype) if w_scale is not None else "float"
+    if cfg.get("prep"):
+        xs, xsum = skinny.prepare_i4(x2[0])
+        return skinny.launch_portable(xs, "float", _WK[kind], w, o2, w_scale, w_zero, group_size, 1, None, st,
+                                      B, N, K, cfg, xsum)
+    return skinny.launch_portable(x2, skinny.ctype(x2.dtype), _WK[kind], w, o2, w_scale, w_zero, group_size or 0,
+                                  1, None, st, B, N, K, cfg)
 
 
 _op = None

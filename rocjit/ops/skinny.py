@@ -223,13 +223,26 @@ def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict
 
 
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, per_row: int, scale_a,
-                    st: str, M: int, N: int, K: int, cfg: dict):
-    """gemv.hip's portable kernel: cfg p threads per team, rows (teams) per block, unroll, rt rows per team."""
+                    st: str, M: int, N: int, K: int, cfg: dict, xsum=None):
+    """gemv.hip's portable kernel: cfg p threads per team, rows (teams) per block, unroll, rt rows per team.
+    xt "float": int4 activations prepared by prepare_i4 (x pre-scaled, xsum its chunk sums)."""
     p, rows, un, rt = cfg["p"], cfg["rows"], cfg["unroll"], cfg.get("rt", 1)
     name = f"gemv_kernel<{xt}, {wk}, {st}, {ctype(out.dtype)}, {p}, {rows}, {_mb(M)}, {un}, {rt}>"
     _kernel(_GEMV_SRC, name)[-(-N // (rows * rt)), p * rows](w, x, out, w_scale, w_zero, group_size, per_row,
-                                                             scale_a, N, K, M)
+                                                             scale_a, N, K, M, xsum)
     return out
+
+
+def prepare_i4(x):
+    """(xs, xsum) for int4 GEMV at batch 1: x [K] pre-scaled as the kernel's in-place nibbles want it (float32)
+    and the sum of every 32-value chunk; one small launch per call, so gemv_kernel loads them instead."""
+    import torch
+    K = x.shape[-1]
+    chunks = K // 32
+    xs = torch.empty(K, dtype=torch.float32, device=x.device)
+    xsum = torch.empty(chunks, dtype=torch.float32, device=x.device)
+    _kernel(_GEMV_SRC, f"gemv_i4_prep_kernel<{ctype(x.dtype)}>")[-(-chunks // 256), 256](x, xs, xsum, chunks)
+    return xs, xsum
 
 
 # ----------------------------------------------------------------------------- the op
@@ -274,6 +287,17 @@ def _check(a, w, scale_a, scale_w, out_dtype, out):
             raise ValueError(f"skinny_gemm: out must be a contiguous {od} tensor of shape ({M}, {N}) on {a.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
     return M, N, K, fp8, od
+
+
+def aligned_operands(op: str, a, w, out=None):
+    """The kernels move 16 bytes at a time: activations whose data pointer is not 16-byte aligned are copied to
+    fresh (aligned) memory; a misaligned weight matrix or out= is an error (copying a weight on every call would
+    hide a large cost, and out= must be written in place)."""
+    for name, t in (("w", w), ("out", out)):
+        if t is not None and t.data_ptr() % 16:
+            raise ValueError(f"{op}: {name}'s data pointer {t.data_ptr():#x} is not 16-byte aligned (the kernels "
+                             f"move 16 bytes at a time); pass an aligned tensor, e.g. {name}.clone()")
+    return a.clone() if a.data_ptr() % 16 else a
 
 
 def aligned16(*tensors) -> bool:
@@ -328,7 +352,7 @@ _OUT_DTYPES = {"bfloat16", "float16", "float32"}
 def _launch(a, w, scale_a, scale_w, od, out):
     import torch
     M, N, K, fp8, od = _check(a, w, scale_a, scale_w, od, out)
-    a = a.contiguous()
+    a = aligned_operands("skinny_gemm", a.contiguous(), w, out)
     if out is None:
         out = torch.empty((M, N), dtype=od, device=a.device)
     cfg, run = config_for(a, w, out, scale_a, scale_w, M, N, K, fp8)

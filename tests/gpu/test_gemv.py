@@ -40,23 +40,38 @@ def test_every_config_matches_reference(xdt, kind, B, K):
     x = torch.randn(B, K, device="cuda", generator=g).to(xdt)
     ref = Q.gemv_reference(w, x, **kw)
     target, _, sms = skinny._device(0)
-    wave = 32 if target.startswith("sm_") else 64
     k = {"float": "f16" if xdt == torch.float16 else "bf16", "i8": "i8"}.get(kind, "i4")
     cands, _ = G._candidates(k, B, N, K, target, sms)
-    st = skinny.ctype(kw["w_scale"].dtype) if kw else "float"
+    assert any(c.get("prep") for c in cands) == (k == "i4" and B == 1)
     for cfg in cands:
         out = torch.full((B, N), float("nan"), dtype=xdt, device="cuda")
-        if cfg["path"] == "mma":
-            skinny.launch_mma(x, w, out, None, None, B, N, K, cfg, target, wave)
-        elif cfg["path"] == "stream":
-            skinny.launch_stream(x, w, out, None, None, B, N, K, cfg, sms)
-        else:
-            skinny.launch_portable(x, skinny.ctype(xdt), G._WK[k], w, out, kw.get("w_scale"), kw.get("w_zero"),
-                                   kw.get("group_size", 0), 1, None, st, B, N, K, cfg)
+        G.run_config(cfg, k, x, w, out, kw.get("w_scale"), kw.get("w_zero"), kw.get("group_size"), target, sms)
         assert _rel(out, ref) < tol, cfg
     y = G.gemv(w, x if B > 1 else x[0], **kw)
     assert y.shape == ((B, N) if B > 1 else (N,)) and y.dtype == xdt
     assert _rel(y.view(B, N), ref) < tol
+
+
+@pytest.mark.parametrize("kind", ["float", "i4g128"])
+def test_misaligned_operands(kind):
+    """x at an odd offset is realigned (right answer, no fault); a misaligned w or out= is an error naming it."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    N, K = 300, 1024
+    w, kw, tol = _weights(kind, torch.float16, N, K, g)
+    base = torch.randn(K + 1, device="cuda", generator=g).half()
+    x = base[1:]                                   # contiguous, data pointer 2 bytes past an aligned one
+    assert x.data_ptr() % 16
+    ref = Q.gemv_reference(w, x[None], **kw)[0]
+    assert _rel(G.gemv(w, x, **kw)[None], ref[None]) < tol
+    wbase = torch.empty(w.numel() + 8, dtype=w.dtype, device="cuda")
+    wm = wbase[1:w.numel() + 1].view(w.shape)
+    wm.copy_(w)
+    with pytest.raises(ValueError, match="w's data pointer"):
+        G.gemv(wm, x, **kw)
+    obase = torch.empty(N + 1, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="out's data pointer"):
+        G.gemv(w, x, out=obase[1:], **kw)
+    torch.cuda.synchronize()
 
 
 def test_out_argument_and_graph_capture():
