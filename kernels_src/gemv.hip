@@ -84,14 +84,6 @@ __device__ __forceinline__ void load_x(const XT* p, float (&xf)[E]) {
         xf[8 * i + 4] = f2.x; xf[8 * i + 5] = f2.y; xf[8 * i + 6] = f3.x; xf[8 * i + 7] = f3.y;
     }
 }
-template <int E>
-__device__ __forceinline__ void load_x(const float* p, float (&xf)[E]) {   // prepared (pre-scaled) activations
-#pragma unroll
-    for (int i = 0; i < E / 4; ++i) {
-        const float4 v = *reinterpret_cast<const float4*>(p + 4 * i);
-        xf[4 * i] = v.x; xf[4 * i + 1] = v.y; xf[4 * i + 2] = v.z; xf[4 * i + 3] = v.w;
-    }
-}
 // Byte / nibble i of a 16-byte chunk (i is a compile-time constant after unrolling).
 __device__ __forceinline__ unsigned word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ unsigned byte_of(uint4 v, int i) { return (word_of(v, i / 4) >> (8 * (i % 4))) & 0xFFu; }
@@ -164,11 +156,9 @@ template <int E> struct dequant<w_e4m3fnuz, E> {
 
 template <class WK> struct is_i4 { static constexpr bool value = false; };
 template <> struct is_i4<w_i4> { static constexpr bool value = true; };
-template <class T> struct is_f32 { static constexpr bool value = false; };
-template <> struct is_f32<float> { static constexpr bool value = true; };
 
 // int4 at batch 1: x pre-scaled for in-place nibbles (xf[i] * 16^-i4_pos(i % 8)) and each chunk's sum.
-template <class XT, int E>
+template <int E>
 __device__ __forceinline__ float prescale_i4(float (&xf)[E]) {
     float xsum = 0.f;
 #pragma unroll
@@ -181,25 +171,7 @@ __device__ __forceinline__ float prescale_i4(float (&xf)[E]) {
 
 }  // namespace gemv
 
-// int4 weights at batch 1 can take their activations prepared once per call by this kernel (one
-// thread per 32-value chunk): xs = x pre-scaled as gemv_kernel wants it, xsum[c] = sum of chunk c.
-// gemv_kernel then runs with XT = float and x = xs, and loads instead of recomputing them.
-template <class XT>
-__launch_bounds__(256) __global__ void
-gemv_i4_prep_kernel(const XT* __restrict__ x, float* __restrict__ xs, float* __restrict__ xsum, int nchunks) {
-    using namespace gemv;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= nchunks) return;
-    float xf[32];
-    load_x<32>(x + (size_t)c * 32, xf);
-    xsum[c] = prescale_i4<XT, 32>(xf);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        reinterpret_cast<float4*>(xs + (size_t)c * 32)[i] = make_float4(xf[4 * i], xf[4 * i + 1], xf[4 * i + 2], xf[4 * i + 3]);
-}
-
-// XT: activation type (__half, __hip_bfloat16, or unsigned char for fp8 with fp8 weights; float:
-// int4 activations prepared by gemv_i4_prep_kernel, with their chunk sums in xsum);
+// XT: activation type (__half, __hip_bfloat16, or unsigned char for fp8 with fp8 weights);
 // WK: weight kind; ST: type of w_scale / w_zero (float or XT); OT: output type.
 // P threads per team (a power of two <= wave size), ROWS teams per block, RT rows per team,
 // MB >= B batch rows, UNROLL 16-byte loads per row in flight per thread.
@@ -209,11 +181,10 @@ template <class XT, class WK, class ST, class OT, int P, int ROWS, int MB, int U
 __launch_bounds__(P * ROWS, 1) __global__ void
 gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x, OT* __restrict__ out,
             const ST* __restrict__ w_scale, const ST* __restrict__ w_zero, int group_size, int w_scale_per_row,
-            const float* __restrict__ scale_a, int N, int K, int B, const float* __restrict__ xsum_in) {
+            const float* __restrict__ scale_a, int N, int K, int B) {
     using namespace gemv;
     constexpr int E = WK::per16;
     constexpr bool I4 = is_i4<WK>::value;
-    constexpr bool PREPARED = I4 && is_f32<XT>::value;   // x, xsum_in from gemv_i4_prep_kernel
     const int team = threadIdx.x / P, lp = threadIdx.x % P;
     const int n0 = (blockIdx.x * ROWS + team) * RT;        // this team's rows: n0 .. n0 + RT - 1
     const size_t row_len = I4 ? K / 2 : K;                 // storage elements per row
@@ -265,9 +236,7 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
                 // once; int4 weights dequantized in place, the zero point applied as zero * sum(x)
                 float xf[E];
                 x_loader<XT, WK>::template load<E>(x + (size_t)c * E, xf);
-                float xsum = 0.f;
-                if (PREPARED) xsum = xsum_in[c];
-                else if (I4) xsum = prescale_i4<XT, E>(xf);
+                const float xsum = I4 ? prescale_i4<E>(xf) : 0.f;
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
                     float wf[E];
@@ -327,8 +296,6 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
 // rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_bf16, float, __hip_bfloat16, 16, 16, 8, 2, 1>
 // rocjit:check gemv_kernel<__half, gemv::w_i8, float, __half, 16, 8, 1, 2, 2>
 // rocjit:check gemv_kernel<__half, gemv::w_i4, __half, __half, 32, 4, 1, 1, 4>
-// rocjit:check gemv_kernel<float, gemv::w_i4, __half, __half, 32, 4, 1, 2, 2>
-// rocjit:check gemv_i4_prep_kernel<__half>
 // rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 8, 2, 2, 2>
 // rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 16, 8, 2, 1>
 // rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3fnuz, float, __hip_bfloat16, 32, 4, 8, 2, 1>

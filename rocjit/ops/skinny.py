@@ -223,26 +223,13 @@ def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict
 
 
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, per_row: int, scale_a,
-                    st: str, M: int, N: int, K: int, cfg: dict, xsum=None):
-    """gemv.hip's portable kernel: cfg p threads per team, rows (teams) per block, unroll, rt rows per team.
-    xt "float": int4 activations prepared by prepare_i4 (x pre-scaled, xsum its chunk sums)."""
+                    st: str, M: int, N: int, K: int, cfg: dict):
+    """gemv.hip's portable kernel: cfg p threads per team, rows (teams) per block, unroll, rt rows per team."""
     p, rows, un, rt = cfg["p"], cfg["rows"], cfg["unroll"], cfg.get("rt", 1)
     name = f"gemv_kernel<{xt}, {wk}, {st}, {ctype(out.dtype)}, {p}, {rows}, {_mb(M)}, {un}, {rt}>"
     _kernel(_GEMV_SRC, name)[-(-N // (rows * rt)), p * rows](w, x, out, w_scale, w_zero, group_size, per_row,
-                                                             scale_a, N, K, M, xsum)
+                                                             scale_a, N, K, M)
     return out
-
-
-def prepare_i4(x):
-    """(xs, xsum) for int4 GEMV at batch 1: x [K] pre-scaled as the kernel's in-place nibbles want it (float32)
-    and the sum of every 32-value chunk; one small launch per call, so gemv_kernel loads them instead."""
-    import torch
-    K = x.shape[-1]
-    chunks = K // 32
-    xs = torch.empty(K, dtype=torch.float32, device=x.device)
-    xsum = torch.empty(chunks, dtype=torch.float32, device=x.device)
-    _kernel(_GEMV_SRC, f"gemv_i4_prep_kernel<{ctype(x.dtype)}>")[-(-chunks // 256), 256](x, xs, xsum, chunks)
-    return xs, xsum
 
 
 # ----------------------------------------------------------------------------- the op

@@ -42,7 +42,6 @@ def test_every_config_matches_reference(xdt, kind, B, K):
     target, _, sms = skinny._device(0)
     k = {"float": "f16" if xdt == torch.float16 else "bf16", "i8": "i8"}.get(kind, "i4")
     cands, _ = G._candidates(k, B, N, K, target, sms)
-    assert any(c.get("prep") for c in cands) == (k == "i4" and B == 1)
     for cfg in cands:
         out = torch.full((B, N), float("nan"), dtype=xdt, device="cuda")
         G.run_config(cfg, k, x, w, out, kw.get("w_scale"), kw.get("w_zero"), kw.get("group_size"), target, sms)
