@@ -550,6 +550,125 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 #endif
 }
 
+// ---- int4 weights (gemv.hip's layout: [N, K/2] bytes, low nibble first; scale / zero [N, K/G]) ----
+// A warp owns 16 weight rows; the four lanes of a quad read the four words of one 16-byte chunk
+// (32 values of a row), so a chunk - and the mma steps over it - never leaves its group. A word's
+// 8 values become four pairs of 16-bit floats (magic + q) with one lop3 each: exact, as are their
+// products with x in the fp32 accumulators. Pair p holds values (p, p + 4) of the word; the
+// activations are paired the same way with one prmt each. A second mma with an all-ones A gives
+// sum(x), and per group acc += scale * (t - (magic + zero) * sum(x)) in fp32: zero points may be
+// fractional. CPG: 32-value chunks per group; a warp takes 8 chunks per step, WARPS_K warps split K.
+// M <= 8 activation rows (one n-tile). NVIDIA mma.sync only (other targets use gemv.hip).
+namespace skinny {
+template <class X> struct i4_magic;
+template <> struct i4_magic<f16_t> {
+    static constexpr unsigned bits = 0x64006400u, one = 0x3C003C00u;   // 1024.0 | 1024.0, 1.0 | 1.0
+    static constexpr float value = 1024.f;
+};
+template <> struct i4_magic<bf16_t> {
+    static constexpr unsigned bits = 0x43004300u, one = 0x3F803F80u;   // 128.0 | 128.0, 1.0 | 1.0
+    static constexpr float value = 128.f;
+};
+__device__ __forceinline__ float st_to_float(float v) { return v; }
+__device__ __forceinline__ float st_to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float st_to_float(__hip_bfloat16 v) { return __bfloat162float(v); }
+}  // namespace skinny
+
+template <class X, class ST, class OT, int CPG, int WARPS_K>
+__launch_bounds__(WARPS_K * 32) __global__ void
+skinny_i4_kernel(const unsigned char* __restrict__ w, const typename X::storage* __restrict__ a,
+                 OT* __restrict__ out, const ST* __restrict__ w_scale, const ST* __restrict__ w_zero,
+                 int M, int N, int K) {
+#if defined(SKINNY_NV)
+    using namespace skinny;
+    constexpr int kStep = 8;                                  // chunks per warp step
+    constexpr int kGroups = kStep / CPG;                      // groups per step
+    const int warp = threadIdx.x / kWarp;
+    const int g = lane_row(), q = lane_chunk();
+    const int row0 = blockIdx.x * 16;
+    const int nchunks = K / 32, groups = nchunks / CPG;
+    const unsigned* wrow[2];
+    int goff[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int n = row0 + g + 8 * h;
+        const int nn = n < N ? n : 0;
+        wrow[h] = reinterpret_cast<const unsigned*>(w + (size_t)nn * (K / 2)) + q;   // word q of each chunk
+        goff[h] = nn * groups;
+    }
+    const bool a_live = g < M;
+    const typename X::storage* arow = a + (size_t)(a_live ? g : 0) * K + 8 * q;
+    constexpr unsigned kMagic = i4_magic<X>::bits, kOne = i4_magic<X>::one;
+    constexpr float kMagicValue = i4_magic<X>::value;
+
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int c0 = warp * kStep; c0 < nchunks; c0 += WARPS_K * kStep) {
+        unsigned wv[kStep][2];
+        uint4 xv[kStep];
+#pragma unroll
+        for (int i = 0; i < kStep; ++i) {            // every load of the step before any math
+            const int c = c0 + i;
+            const bool live = c < nchunks;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) wv[i][h] = live ? __ldg(wrow[h] + 4 * (size_t)c) : 0u;
+            xv[i] = (live && a_live) ? load16(arow + (size_t)c * 32) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int gi = 0; gi < kGroups; ++gi) {
+            const int c = c0 + gi * CPG;
+            if (c >= nchunks) break;                  // groups are whole: CPG divides kStep and nchunks
+            float t[4] = {0.f, 0.f, 0.f, 0.f}, ones[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int i = gi * CPG; i < (gi + 1) * CPG; ++i) {
+                unsigned p[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) p[h][j] = rocjit::and_or(wv[i][h] >> (4 * j), 0x000F000Fu, kMagic);
+                const uint4 x = xv[i];
+                const unsigned x04 = __byte_perm(x.x, x.z, 0x5410), x15 = __byte_perm(x.x, x.z, 0x7632);
+                const unsigned x26 = __byte_perm(x.y, x.w, 0x5410), x37 = __byte_perm(x.y, x.w, 0x7632);
+                mma<X>(t, p[0][0], p[1][0], p[0][1], p[1][1], x04, x15);
+                mma<X>(t, p[0][2], p[1][2], p[0][3], p[1][3], x26, x37);
+                mma<X>(ones, kOne, kOne, kOne, kOne, x04, x15);
+                mma<X>(ones, kOne, kOne, kOne, kOne, x26, x37);
+            }
+            const int grp = c / CPG;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float s = st_to_float(w_scale[goff[h] + grp]);
+                const float mz = kMagicValue + st_to_float(w_zero[goff[h] + grp]);
+#pragma unroll
+                for (int r = 2 * h; r < 2 * h + 2; ++r) acc[r] = fmaf(s, fmaf(-mz, ones[r], t[r]), acc[r]);
+            }
+        }
+    }
+
+    if (WARPS_K > 1) {                                // fixed-order reduction of the warps
+        __shared__ float red[WARPS_K > 1 ? WARPS_K - 1 : 1][4][kWarp];
+        const int lane = threadIdx.x % kWarp;
+        if (warp > 0) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) red[warp - 1][r][lane] = acc[r];
+        }
+        __syncthreads();
+        if (warp != 0) return;
+        for (int s = 0; s < WARPS_K - 1; ++s)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[r] += red[s][r][lane];
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int n = row0 + g + 8 * (r >> 1), m = 2 * q + (r & 1);
+        if (n < N && m < M) store_out<OT>(out + (size_t)m * N + n, acc[r]);
+    }
+#else
+    __builtin_trap();   // NVIDIA mma.sync only; the host uses gemv.hip's portable kernel elsewhere
+#endif
+}
+
+// rocjit:check skinny_i4_kernel<skinny::f16_t, __half, __half, 4, 4>
+// rocjit:check skinny_i4_kernel<skinny::bf16_t, float, __hip_bfloat16, 1, 8>
 // rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2>
 // rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2>
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2>
