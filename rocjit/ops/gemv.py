@@ -33,8 +33,6 @@ def _candidates(kind: str, B: int, N: int, K: int, target: str, sms: int) -> tup
                  for p, r, u, rt in ((32, 4, 2, 2), (16, 8, 2, 2), (32, 4, 1, 4), (16, 8, 1, 4), (8, 16, 2, 2),
                                      (32, 4, 2, 4))
                  if B <= 2]
-    if kind == "i4" and target.startswith("sm_") and skinny.has_matrix_path(target, fp8=False):
-        portable += [{"path": "mma_i4", "warps_k": wk} for wk in (2, 4, 8)]
     default = {"path": "portable", "p": 32 if K >= 4096 else 16, "rows": 4 if K >= 4096 else 8, "unroll": 4}
     if kind in ("f16", "bf16") and skinny.has_matrix_path(target, fp8=False):
         # the streamed kernel never beat the portable one at B = 1 (H100 sweep); it can at B > 1
@@ -156,8 +154,6 @@ def run_config(cfg: dict, kind: str, x2, w, o2, w_scale, w_zero, group_size, tar
         return skinny.launch_mma(x2, w, o2, None, None, B, N, K, cfg, target, 32 if target.startswith("sm_") else 64)
     if cfg["path"] == "stream":
         return skinny.launch_stream(x2, w, o2, None, None, B, N, K, cfg, sms)
-    if cfg["path"] == "mma_i4":
-        return skinny.launch_i4(x2, w, o2, w_scale, w_zero, group_size, B, N, K, cfg)
     st = skinny.ctype(w_scale.dtype) if w_scale is not None else "float"
     return skinny.launch_portable(x2, skinny.ctype(x2.dtype), _WK[kind], w, o2, w_scale, w_zero, group_size or 0,
                                   1, None, st, B, N, K, cfg)

@@ -276,15 +276,6 @@ def _check(a, w, scale_a, scale_w, out_dtype, out):
     return M, N, K, fp8, od
 
 
-def launch_i4(x, w, out, w_scale, w_zero, group_size: int, M: int, N: int, K: int, cfg: dict):
-    """int4 weights (gemv layout) on NVIDIA matrix cores: x [M <= 8, K] fp16/bf16; cfg warps_k."""
-    xk = "skinny::f16_t" if ctype(x.dtype) == "__half" else "skinny::bf16_t"
-    wk = cfg["warps_k"]
-    name = f"skinny_i4_kernel<{xk}, {ctype(w_scale.dtype)}, {ctype(out.dtype)}, {group_size // 32}, {wk}>"
-    _kernel(_SRC, name)[-(-N // 16), 32 * wk](w, x, out, w_scale, w_zero, M, N, K)
-    return out
-
-
 def aligned_operands(op: str, a, w, out=None):
     """The kernels move 16 bytes at a time: activations whose data pointer is not 16-byte aligned are copied to
     fresh (aligned) memory; a misaligned weight matrix or out= is an error (copying a weight on every call would
