@@ -208,13 +208,22 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
         for (int b = 0; b < MB; ++b) acc[r][b] = 0.f;
 
     for (int c0 = lp; c0 < nchunks; c0 += P * UNROLL) {
+        // every load of the step first: weights, and int4's group scale / zero point (a chunk never
+        // straddles a group), so no chunk waits on a scale it only asks for when it needs it
         uint4 wv[UNROLL][RT];
+        ST zq[UNROLL][RT], sq[UNROLL][RT];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
                 const int c = c0 + u * P, n = n0 + r;
-                wv[u][r] = (n < N && c < nchunks) ? wrow[r][c] : make_uint4(0, 0, 0, 0);
+                const bool live = n < N && c < nchunks;
+                wv[u][r] = live ? wrow[r][c] : make_uint4(0, 0, 0, 0);
+                if (I4) {
+                    const int g = goff[r] + (live ? c >> gshift : 0);
+                    zq[u][r] = w_zero[g];
+                    sq[u][r] = w_scale[g];
+                }
             }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -223,13 +232,8 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
             float zero[RT], gscale[RT];
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
-                zero[r] = 0.f;
-                gscale[r] = 1.f;
-                if (I4 && n0 + r < N) {   // a chunk never straddles a group
-                    const int g = goff[r] + (c >> gshift);
-                    zero[r] = to_float(w_zero[g]);
-                    gscale[r] = to_float(w_scale[g]);
-                }
+                zero[r] = I4 ? to_float(zq[u][r]) : 0.f;     // rows past N: row 0's values, dropped at the end
+                gscale[r] = I4 ? to_float(sq[u][r]) : 1.f;
             }
             if (MB == 1) {
                 // one activation chunk for the RT rows: loaded, converted (int4: pre-scaled and summed)
