@@ -84,6 +84,11 @@ __device__ __forceinline__ void load_x(const XT* p, float (&xf)[E]) {
         xf[8 * i + 4] = f2.x; xf[8 * i + 5] = f2.y; xf[8 * i + 6] = f3.x; xf[8 * i + 7] = f3.y;
     }
 }
+// Weights are read once: streaming (evict-first) loads keep the activations, which every team of
+// every block reads again, in L1 and L2.
+__device__ __forceinline__ uint4 load_w16(const uint4* p) {
+    return rocjit::bit_cast<uint4>(rocjit::load_vec_stream<4>(reinterpret_cast<const unsigned*>(p)));
+}
 // Byte / nibble i of a 16-byte chunk (i is a compile-time constant after unrolling).
 __device__ __forceinline__ unsigned word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ unsigned byte_of(uint4 v, int i) { return (word_of(v, i / 4) >> (8 * (i % 4))) & 0xFFu; }
@@ -218,7 +223,7 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
             for (int r = 0; r < RT; ++r) {
                 const int c = c0 + u * P, n = n0 + r;
                 const bool live = n < N && c < nchunks;
-                wv[u][r] = live ? wrow[r][c] : make_uint4(0, 0, 0, 0);
+                wv[u][r] = live ? load_w16(wrow[r] + c) : make_uint4(0, 0, 0, 0);
                 if (I4) {
                     const int g = goff[r] + (live ? c >> gshift : 0);
                     zq[u][r] = w_zero[g];
