@@ -198,12 +198,14 @@ def dummy_f32(device_index: int):
 _registered: dict[str, object] = {}
 
 
-def custom_op(name: str, impl, fake, *, mutates_args=(), schema_fn=None):
-    """torch.ops.rocjit.<name>, registered on first use: `impl` runs the kernels, `fake` gives output metadata."""
+def custom_op(name: str, build, *, mutates_args=()):
+    """torch.ops.rocjit.<name>, registered on first use: `build()` returns (impl, fake), `impl` running the
+    kernels and `fake` giving output metadata. Every later call, eager or while torch.compile traces, is this
+    one dict lookup."""
     op = _registered.get(name)
     if op is None:
-        tm = torch()
-        op = tm.library.custom_op(f"rocjit::{name}", mutates_args=tuple(mutates_args))(impl)
+        impl, fake = build()
+        op = torch().library.custom_op(f"rocjit::{name}", mutates_args=tuple(mutates_args))(impl)
         op.register_fake(fake)
         _registered[name] = op
     return op
@@ -227,7 +229,7 @@ def register_custom_ops():
     norm, quant, swiglu = (importlib.import_module(f"rocjit.ops.{m}") for m in ("norm", "quant", "swiglu"))
     norm._torch_op()
     swiglu._torch_op()
-    for name in ("quantize_fp8", "quantize_fp8_weight", "quantize_fp8_dual"):
+    for name in quant._OP_FUNCTIONS:
         quant._torch_op(name)
 
 

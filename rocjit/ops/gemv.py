@@ -159,24 +159,23 @@ def run_config(cfg: dict, kind: str, x2, w, o2, w_scale, w_zero, group_size, tar
                                   1, None, st, B, N, K, cfg)
 
 
-_op = None
-
-
 def _torch_op():
     """torch.ops.rocjit.gemv (what torch.compile traces)."""
-    global _op
-    if _op is None:
-        tm = C.torch()
-        Tensor = tm.Tensor
+    return C.custom_op("gemv", _op_functions)
 
-        def impl(w: Tensor, x: Tensor, w_scale: Optional[Tensor], w_zero: Optional[Tensor], group_size: int) -> Tensor:
-            return _launch(w, x, w_scale, w_zero, group_size or None, None)
 
-        def fake(w, x, w_scale, w_zero, group_size):
-            return x.new_empty(tuple(x.shape[:-1]) + (w.shape[0],))
+def _op_functions():
+    """(impl, fake) of torch.ops.rocjit.gemv."""
+    tm = C.torch()
+    Tensor = tm.Tensor
 
-        _op = C.custom_op("gemv", impl, fake)
-    return _op
+    def impl(w: Tensor, x: Tensor, w_scale: Optional[Tensor], w_zero: Optional[Tensor], group_size: int) -> Tensor:
+        return _launch(w, x, w_scale, w_zero, group_size or None, None)
+
+    def fake(w, x, w_scale, w_zero, group_size):
+        return x.new_empty(tuple(x.shape[:-1]) + (w.shape[0],))
+
+    return impl, fake
 
 
 def gemv(w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):

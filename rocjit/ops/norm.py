@@ -177,26 +177,25 @@ def _remember(x, r, scale, quant_arg, quant, fp8_format, fmt):
         _eager[key] = plan
 
 
-_op = None
-
-
 def _torch_op():
     """torch.ops.rocjit.rms_norm: mutates residual in place; returns (y, scales) (scales empty unless per-token)."""
-    global _op
-    if _op is None:
-        tm = C.torch()
-        Tensor = tm.Tensor
+    return C.custom_op("rms_norm", _op_functions, mutates_args=("residual",))
 
-        def impl(x: Tensor, weight: Tensor, eps: float, residual: Optional[Tensor], scale: Optional[Tensor],
-                 quant: str, fmt: str) -> tuple[Tensor, Tensor]:
-            y, scales = _launch(x, weight, eps, residual, scale, None if quant == "none" else quant, fmt, None)
-            return y, scales if scales is not None else x.new_empty((0,), dtype=tm.float32)
 
-        def fake(x, weight, eps, residual, scale, quant, fmt):
-            dtype = x.dtype if quant == "none" else C.fp8_torch_dtype(fmt)
-            rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            return (x.new_empty(x.shape, dtype=dtype),
-                    x.new_empty((rows, 1) if quant == "per_token" else (0,), dtype=tm.float32))
+def _op_functions():
+    """(impl, fake) of torch.ops.rocjit.rms_norm."""
+    tm = C.torch()
+    Tensor = tm.Tensor
 
-        _op = C.custom_op("rms_norm", impl, fake, mutates_args=("residual",))
-    return _op
+    def impl(x: Tensor, weight: Tensor, eps: float, residual: Optional[Tensor], scale: Optional[Tensor],
+             quant: str, fmt: str) -> tuple[Tensor, Tensor]:
+        y, scales = _launch(x, weight, eps, residual, scale, None if quant == "none" else quant, fmt, None)
+        return y, scales if scales is not None else x.new_empty((0,), dtype=tm.float32)
+
+    def fake(x, weight, eps, residual, scale, quant, fmt):
+        dtype = x.dtype if quant == "none" else C.fp8_torch_dtype(fmt)
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        return (x.new_empty(x.shape, dtype=dtype),
+                x.new_empty((rows, 1) if quant == "per_token" else (0,), dtype=tm.float32))
+
+    return impl, fake

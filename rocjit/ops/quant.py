@@ -153,41 +153,57 @@ def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS):
     return q_row, s_row, q_col, s_col
 
 
-_ops = {}
-
-
 def _torch_op(name):
-    op = _ops.get(name)
-    if op is not None:
-        return op
+    """torch.ops.rocjit.quantize_fp8 / quantize_fp8_weight / quantize_fp8_dual (what torch.compile traces)."""
+    return C.custom_op(name, _OP_FUNCTIONS[name])
+
+
+def _quantize_op():
     tm = C.torch()
     Tensor = tm.Tensor
-    if name == "quantize_fp8":
-        def impl(x: Tensor, scale: Optional[Tensor], mode: str, fmt: str) -> tuple[Tensor, Tensor]:
-            q, s = _quantize(x, scale, mode, fmt)
-            return q, (scale.clone() if mode == "static" else s)
 
-        def fake(x, scale, mode, fmt):
-            K = x.shape[-1]
-            rows = x.numel() // K if K else 0
-            shape = {"block": (rows, C.ceil_div(K, BLOCK)), "token": (rows, 1)}.get(mode, (1,))
-            return x.new_empty(x.shape, dtype=C.fp8_torch_dtype(fmt)), x.new_empty(shape, dtype=tm.float32)
-    elif name == "quantize_fp8_weight":
-        def impl(w: Tensor, fmt: str) -> tuple[Tensor, Tensor]:
-            return _weight(w, fmt)
+    def impl(x: Tensor, scale: Optional[Tensor], mode: str, fmt: str) -> tuple[Tensor, Tensor]:
+        q, s = _quantize(x, scale, mode, fmt)
+        return q, (scale.clone() if mode == "static" else s)
 
-        def fake(w, fmt):
-            N, K = w.shape
-            return (w.new_empty(w.shape, dtype=C.fp8_torch_dtype(fmt)),
-                    w.new_empty((C.ceil_div(N, BLOCK), C.ceil_div(K, BLOCK)), dtype=tm.float32))
-    else:
-        def impl(x: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-            return _dual(x, fmt)
+    def fake(x, scale, mode, fmt):
+        K = x.shape[-1]
+        rows = x.numel() // K if K else 0
+        shape = {"block": (rows, C.ceil_div(K, BLOCK)), "token": (rows, 1)}.get(mode, (1,))
+        return x.new_empty(x.shape, dtype=C.fp8_torch_dtype(fmt)), x.new_empty(shape, dtype=tm.float32)
 
-        def fake(x, fmt):
-            M, K = x.shape
-            f8 = C.fp8_torch_dtype(fmt)
-            return (x.new_empty(x.shape, dtype=f8), x.new_empty((M, C.ceil_div(K, BLOCK)), dtype=tm.float32),
-                    x.new_empty(x.shape, dtype=f8), x.new_empty((C.ceil_div(M, BLOCK), K), dtype=tm.float32))
-    op = _ops[name] = C.custom_op(name, impl, fake)
-    return op
+    return impl, fake
+
+
+def _weight_op():
+    tm = C.torch()
+    Tensor = tm.Tensor
+
+    def impl(w: Tensor, fmt: str) -> tuple[Tensor, Tensor]:
+        return _weight(w, fmt)
+
+    def fake(w, fmt):
+        N, K = w.shape
+        return (w.new_empty(w.shape, dtype=C.fp8_torch_dtype(fmt)),
+                w.new_empty((C.ceil_div(N, BLOCK), C.ceil_div(K, BLOCK)), dtype=tm.float32))
+
+    return impl, fake
+
+
+def _dual_op():
+    tm = C.torch()
+    Tensor = tm.Tensor
+
+    def impl(x: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return _dual(x, fmt)
+
+    def fake(x, fmt):
+        M, K = x.shape
+        f8 = C.fp8_torch_dtype(fmt)
+        return (x.new_empty(x.shape, dtype=f8), x.new_empty((M, C.ceil_div(K, BLOCK)), dtype=tm.float32),
+                x.new_empty(x.shape, dtype=f8), x.new_empty((C.ceil_div(M, BLOCK), K), dtype=tm.float32))
+
+    return impl, fake
+
+
+_OP_FUNCTIONS = {"quantize_fp8": _quantize_op, "quantize_fp8_weight": _weight_op, "quantize_fp8_dual": _dual_op}

@@ -347,24 +347,23 @@ def _launch(a, w, scale_a, scale_w, od, out):
     return out
 
 
-_op = None
-
-
 def _torch_op():
     """torch.ops.rocjit.skinny_gemm (what torch.compile traces)."""
-    global _op
-    if _op is None:
-        tm = C.torch()
-        Tensor = tm.Tensor
+    return C.custom_op("skinny_gemm", _op_functions)
 
-        def impl(a: Tensor, w: Tensor, scale_a: Optional[Tensor], scale_w: Optional[Tensor], out_dtype: str) -> Tensor:
-            return _launch(a, w, scale_a, scale_w, getattr(tm, out_dtype), None)
 
-        def fake(a, w, scale_a, scale_w, out_dtype):
-            return a.new_empty((a.shape[0], w.shape[0]), dtype=getattr(tm, out_dtype))
+def _op_functions():
+    """(impl, fake) of torch.ops.rocjit.skinny_gemm."""
+    tm = C.torch()
+    Tensor = tm.Tensor
 
-        _op = C.custom_op("skinny_gemm", impl, fake)
-    return _op
+    def impl(a: Tensor, w: Tensor, scale_a: Optional[Tensor], scale_w: Optional[Tensor], out_dtype: str) -> Tensor:
+        return _launch(a, w, scale_a, scale_w, getattr(tm, out_dtype), None)
+
+    def fake(a, w, scale_a, scale_w, out_dtype):
+        return a.new_empty((a.shape[0], w.shape[0]), dtype=getattr(tm, out_dtype))
+
+    return impl, fake
 
 
 def skinny_gemm(a, w, *, scale_a=None, scale_w=None, out_dtype=None, out=None):

@@ -154,25 +154,25 @@ def _remember(x, scale, quant_arg, quant, fp8_format, fmt):
         _eager[key] = plan
 
 
-_op = None
-
-
 def _torch_op():
-    global _op
-    if _op is None:
-        tm = C.torch()
-        Tensor = tm.Tensor
+    """torch.ops.rocjit.swiglu (what torch.compile traces)."""
+    return C.custom_op("swiglu", _op_functions)
 
-        def impl(gate_up: Tensor, scale: Optional[Tensor], quant: str, fmt: str) -> tuple[Tensor, Tensor]:
-            y, scales = _launch(gate_up, scale, None if quant == "none" else quant, fmt, None)
-            return y, scales if scales is not None else gate_up.new_empty((0,), dtype=tm.float32)
 
-        def fake(gate_up, scale, quant, fmt):
-            d = gate_up.shape[-1] // 2
-            rows = gate_up.numel() // (2 * d) if d else 0
-            dtype = gate_up.dtype if quant == "none" else C.fp8_torch_dtype(fmt)
-            return (gate_up.new_empty(tuple(gate_up.shape[:-1]) + (d,), dtype=dtype),
-                    gate_up.new_empty((rows, 1) if quant == "per_token" else (0,), dtype=tm.float32))
+def _op_functions():
+    """(impl, fake) of torch.ops.rocjit.swiglu."""
+    tm = C.torch()
+    Tensor = tm.Tensor
 
-        _op = C.custom_op("swiglu", impl, fake)
-    return _op
+    def impl(gate_up: Tensor, scale: Optional[Tensor], quant: str, fmt: str) -> tuple[Tensor, Tensor]:
+        y, scales = _launch(gate_up, scale, None if quant == "none" else quant, fmt, None)
+        return y, scales if scales is not None else gate_up.new_empty((0,), dtype=tm.float32)
+
+    def fake(gate_up, scale, quant, fmt):
+        d = gate_up.shape[-1] // 2
+        rows = gate_up.numel() // (2 * d) if d else 0
+        dtype = gate_up.dtype if quant == "none" else C.fp8_torch_dtype(fmt)
+        return (gate_up.new_empty(tuple(gate_up.shape[:-1]) + (d,), dtype=dtype),
+                gate_up.new_empty((rows, 1) if quant == "per_token" else (0,), dtype=tm.float32))
+
+    return impl, fake
