@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -224,6 +225,7 @@ def time_gpu(fn: Callable[[], None], *, warmup: int = 3, reps: int = 20) -> floa
     import torch
     for _ in range(warmup):
         fn()
+    torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
@@ -231,16 +233,18 @@ def time_gpu(fn: Callable[[], None], *, warmup: int = 3, reps: int = 20) -> floa
         fn()
         e.record()
     torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return ms[len(ms) // 2] * 1e-3
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e-3
 
 
-def time_graph(fns: Sequence[Callable[[], None]], *, reps: int = 10) -> float:
-    """Median seconds per call of the callables `fns` (e.g. one per rotated weight copy), replayed from
-    a CUDA graph as a decode step runs them (host launch cost excluded); events if capture fails."""
+def time_graph(fns: Sequence[Callable[[], None]], *, reps: int = 10, warmup: int = 1,
+               fallback: bool = True) -> float:
+    """Median seconds per call of the callables `fns` (e.g. one per rotated weight copy), captured once into a
+    CUDA graph that holds the list repeated (>= 20 calls, amortising the replay launch) and replayed `reps`
+    times, as a decode step runs them (host launch cost excluded). When capture fails: events if `fallback`,
+    else the error."""
     import torch
     fns = list(fns)
-    for f in fns:                                   # compile / load outside the capture
+    for f in fns:                                   # compile / load / tune outside the capture
         f()
     torch.cuda.synchronize()
     calls = max(1, -(-20 // len(fns))) * len(fns)
@@ -253,8 +257,11 @@ def time_graph(fns: Sequence[Callable[[], None]], *, reps: int = 10) -> float:
                 fns[i % len(fns)]()
         torch.cuda.current_stream().wait_stream(stream)
     except Exception:                               # pragma: no cover - platforms without graph capture
+        if not fallback:
+            raise
         return time_gpu(lambda: [f() for f in fns], reps=reps) / len(fns)
-    g.replay()
+    for _ in range(warmup):
+        g.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -265,7 +272,7 @@ def time_graph(fns: Sequence[Callable[[], None]], *, reps: int = 10) -> float:
         e.synchronize()
         times.append(s.elapsed_time(e) * 1e-3 / calls)
     del g
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def rotation_copies(t, *, l2_bytes: int | None = None, at_most: int = 8) -> list:

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rocjit import tune
+
 SUITES = ("launch", "norm", "swiglu", "quant", "gemv", "skinny", "liger")
 
 
@@ -31,49 +33,15 @@ def _torch():
 # ----------------------------------------------------------------------------- timing
 def time_events(fn, *, warmup: int = 10, reps: int = 100) -> float:
     """Median µs of fn() timed with device events, one event pair per call."""
-    torch = _torch()
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+    _torch()
+    return tune.time_gpu(fn, warmup=warmup, reps=reps) * 1e6
 
 
 def time_graph(fns, *, reps: int = 50, warmup: int = 3) -> float:
     """Median µs per call of the callables `fns` (e.g. one per rotated input set), captured once into a CUDA graph
-    and replayed `reps` times; the graph holds the list `fns` repeated to amortise the replay launch."""
-    torch = _torch()
-    fns = list(fns)
-    per_graph = max(1, math.ceil(20 / len(fns))) * len(fns)   # >= 20 kernel calls per replay
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for f in fns:                      # warm up (compile, autotune, module load) outside capture
-            f()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(per_graph):
-            fns[i % len(fns)]()
-    for _ in range(warmup):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / per_graph)
-    return statistics.median(times)
+    and replayed `reps` times (rocjit.tune.time_graph; a failed capture is an error here, not an event fallback)."""
+    _torch()
+    return tune.time_graph(fns, reps=reps, warmup=warmup, fallback=False) * 1e6
 
 
 def time_rotating(fns, *, graph: bool, reps: int = 50) -> float:
