@@ -125,8 +125,6 @@ def _launch(w, x, w_scale, w_zero, group_size, out):
         out = torch.empty(oshape, dtype=x.dtype, device=x.device)
     target, devname, sms = skinny._device(x.device.index or 0)
     cands, default = _candidates(kind, B, N, K, target, sms)
-    if not skinny.aligned16(w, x):
-        cands = [c for c in cands if c["path"] != "stream"]
     x2, o2 = x.view(B, K), out.view(B, N)
 
     def run(cfg, w=w):

@@ -281,15 +281,10 @@ def aligned_operands(op: str, a, w, out=None):
     fresh (aligned) memory; a misaligned weight matrix or out= is an error (copying a weight on every call would
     hide a large cost, and out= must be written in place)."""
     for name, t in (("w", w), ("out", out)):
-        if t is not None and t.data_ptr() % 16:
+        if t is not None and not C.aligned(t):
             raise ValueError(f"{op}: {name}'s data pointer {t.data_ptr():#x} is not 16-byte aligned (the kernels "
                              f"move 16 bytes at a time); pass an aligned tensor, e.g. {name}.clone()")
-    return a.clone() if a.data_ptr() % 16 else a
-
-
-def aligned16(*tensors) -> bool:
-    """Bulk copies need 16-byte aligned sources: every tensor's data pointer."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
+    return a if C.aligned(a) else a.clone()
 
 
 def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8):
@@ -299,7 +294,7 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8):
     eb = a.element_size()
     if has_matrix_path(target, fp8):
         cands, default = mma_candidates(M, N, K, sms, eb), mma_default(M, N, K, sms, eb)
-        if has_stream_path(target) and aligned16(a, w):
+        if has_stream_path(target):                  # a and w are 16-byte aligned (aligned_operands)
             cands = stream_candidates(M, N, K, sms, eb) + cands
     else:
         cands, default = portable_candidates(M), portable_candidates(M)[0]
