@@ -38,6 +38,9 @@ def doctor(argv=()) -> int:
             print(f"compiler {k:6s}: {v}")
     except Exception as e:
         print(f"compiler gfx*  : unavailable ({e})")
+    from rocjit import native
+    native.module()
+    print(f"native launch  : {native.status()}")
     info = cache.info()
     print(f"cache          : {info['dir']}  {info['entries']} entries, {info['bytes'] / 2**20:.1f} MiB, "
           f"{info['hits']} hits / {info['misses']} misses")

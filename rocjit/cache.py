@@ -87,22 +87,22 @@ def store(key: str, meta: dict, binary: bytes) -> None:
         raise
 
 
-def get_or_build(key: str, build):
+def get_or_build(key: str, build, *, count: bool = True):
     """(meta, binary, hit): cached entry, or build() -> (meta, binary) under the key's lock, built once
-    even when many processes ask at the same time."""
+    even when many processes ask at the same time. `count`: record the hit or miss in the kernel statistics."""
     found = load(key)
-    if found is not None:
+    if found is None:
+        with _lock(key):
+            found = load(key)          # another process may have built it while we waited
+            if found is None:
+                meta, binary = build()
+                store(key, meta, binary)
+                if count:
+                    _count("misses")
+                return meta, binary, False
+    if count:
         _count("hits")
-        return (*found, True)
-    with _lock(key):
-        found = load(key)          # another process may have built it while we waited
-        if found is not None:
-            _count("hits")
-            return (*found, True)
-        meta, binary = build()
-        store(key, meta, binary)
-        _count("misses")
-        return meta, binary, False
+    return (*found, True)
 
 
 # ----------------------------------------------------------------------------- statistics & maintenance
@@ -139,7 +139,7 @@ def clear() -> int:
     n = info()["entries"]
     root = cache_dir()
     for child in root.iterdir():
-        if child.name.startswith("v") and child.is_dir():
+        if (child.name.startswith("v") or child.name == "native") and child.is_dir():
             shutil.rmtree(child, ignore_errors=True)
     for f in ("stats.log",):
         try:

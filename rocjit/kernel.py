@@ -98,6 +98,7 @@ class Kernel:
         self._shared_limit: dict[int, int] = {}
         self._configured = {}
         self._fast = None
+        self._native = None
         self._owner = threading.get_ident()
 
     # ------------------------------------------------------------------ compile / load
@@ -132,6 +133,8 @@ class Kernel:
             self._build_fast_path()
         elif self._fast:
             self._fast_fns[dev] = self._wrap_fn(fn)
+            if self._native is not None:
+                self._native.set_function(dev, fn, plat.context_handle(dev))
         return fn
 
     def _check_layout(self, layout):
@@ -367,8 +370,49 @@ class Kernel:
                f"    return launch_kernel\n")
         self._fast_source = src
         exec(compile(src, f"<rocjit launcher {self.name}>", "exec"), env)
-        self._fast = env["make"]
+        py_make = env["make"]
+        self._native = spec = self._native_spec(torch, plat, fmt)
+        if spec is None:
+            self._fast = py_make
+        else:   # the native launcher takes the common case and hands the rest to the generated one
+            from rocjit import native
+            native_launcher = native.module().Launcher
+
+            def make(g0, g1, g2, b0, b1, b2):
+                return native_launcher(spec, (g0, g1, g2), (b0, b1, b2), py_make(g0, g1, g2, b0, b1, b2))
+            self._fast = make
         self._configured.clear()   # later kernel[grid, block] lookups hand out generated launchers
+
+    def _native_spec(self, torch, plat, fmt):
+        """The native launcher's description of this kernel (rocjit/launcher.c), or None where it is unavailable:
+        no C compiler, a framework without the DLPack C exchange API, a platform without the hook."""
+        hook = getattr(plat, "native_launch", None)
+        api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+        if hook is None or api is None:
+            return None
+        from rocjit import native
+        mod = native.module()
+        if mod is None:
+            return None
+        offsets, params = _struct_offsets(fmt), []
+        for i, p in enumerate(self.params):
+            if not p.pointer:
+                params.append((fmt[i + 1], offsets[i], 1, ()))
+                continue
+            dtypes = () if p.dtypes is None else tuple(
+                native.torch_dtype_code(getattr(torch, d)) for d in p.dtypes if hasattr(torch, d))
+            if p.dtypes is not None and not dtypes:
+                return None
+            params.append(("P", offsets[i], signature.POINTEE_ALIGN.get(p.ctype, 1), dtypes))
+        launch, get_ctx, device_type = hook()
+        try:
+            spec = mod.Spec(params, struct.calcsize(fmt), device_type, api, (torch.Tensor, torch.nn.Parameter),
+                            self._shared_limit, launch, get_ctx)
+        except ValueError:      # more parameters or a larger block than the launcher takes
+            return None
+        for dev, fn in self._fns.items():
+            spec.set_function(dev, fn, plat.context_handle(dev))
+        return spec
 
     def _fast_block_format(self):
         """struct format of the parameter block, the value expression and guard of each parameter, arg names."""

@@ -1,7 +1,8 @@
 """NVIDIA backend: NVRTC compiles, the driver API (primary contexts, shared with torch) loads and launches.
 
-Compilation needs only the pip wheels (cuda-bindings + nvidia-cuda-nvrtc), no GPU. The launch hot path calls
-``cuLaunchKernel`` straight through ctypes, which is cheaper than a binding-level call.
+Compilation needs only the pip wheels (cuda-bindings + nvidia-cuda-nvrtc), no GPU. Launches go through the native
+launcher (rocjit/launcher.c, calling ``cuLaunchKernel`` from C) where it could be built, else through cuda-bindings'
+compiled ``cuLaunchKernel`` (measured cheaper than the same call through ctypes).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rocjit.platform import Compiled
 
 NAME = "cuda"
 _SUCCESS = 0
+_KDL_CUDA = 2       # DLPack device type
 
 
 # ----------------------------------------------------------------------------- driver (ctypes)
@@ -311,6 +313,18 @@ def launch(fn, grid, block, shared_mem, stream, kernel_params) -> int:
     """Returns the driver's error code; the caller turns a non-zero code into LaunchError."""
     return _drv().cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                  shared_mem, stream, kernel_params, None)
+
+
+def native_launch():
+    """(cuLaunchKernel address, cuCtxGetCurrent address, DLPack device type) for the native launcher."""
+    d = _drv()
+    return (ctypes.cast(d.cuLaunchKernel, ctypes.c_void_p).value, ctypes.cast(d.cuCtxGetCurrent, ctypes.c_void_p).value,
+            _KDL_CUDA)
+
+
+def context_handle(dev: int) -> int:
+    """`dev`'s primary context: the native launcher launches only while it is current."""
+    return _context(dev)
 
 
 def fast_launch():

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -166,6 +167,41 @@ def test_streams_current_and_explicit(axpy):
     axpy[_blocks(n), 256](3.0, x, y3, n, stream=s2.cuda_stream)  # a raw handle
     s2.synchronize()
     torch.testing.assert_close(y3, ref3)
+
+
+def test_native_launcher_takes_the_common_launches(axpy):
+    """Tensors, Python scalars, current / explicit streams, parameters, other threads: launched from C, correctly."""
+    from rocjit import native
+    if os.environ.get("ROCJIT_NATIVE_LAUNCH") == "0":
+        pytest.skip("native launcher turned off")
+    assert native.module() is not None, native.status()
+    n = 4099
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    axpy[_blocks(n), 256](0.0, x, y, n)
+    launch = axpy[_blocks(n), 256]
+    assert type(launch).__name__ == "Launcher", "no native launcher for a torch-tensor launch"
+    before = launch.native_calls
+    ref = 2 * x + y
+    launch(2.0, x, y, n)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        launch(1.0, torch.nn.Parameter(x), y, n)            # the current stream; a Parameter is a tensor
+    launch(-1, x, y, n, stream=s.cuda_stream)              # an int handle; an int for a float parameter
+    s.synchronize()
+    torch.testing.assert_close(y, ref)
+    assert launch.native_calls == before + 3
+
+    def in_thread(out):        # a new thread: the first launch sets the context up, the next ones are native
+        for _ in range(3):
+            launch(1.0, x, out, n)
+        torch.cuda.synchronize()
+    y2 = torch.zeros(n, device="cuda")
+    t = threading.Thread(target=in_thread, args=(y2,))
+    t.start()
+    t.join()
+    torch.testing.assert_close(y2, 3 * x)
+    assert launch.native_calls >= before + 5
 
 
 def test_graph_capture_replays_on_new_data(axpy):
