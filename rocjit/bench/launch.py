@@ -160,7 +160,7 @@ def run(argv) -> dict:
     # the reference: the fastest of the raw driver calls (prepacked arguments) measured in this run
     raw_name = min((kname for kname in peers if kname.startswith("cuLaunchKernel")), key=peers.get)
     raw_best = peers[raw_name]
-    native_state = native.status()
+    native_state = native.status().split(" (")[0]     # "ready" / "off" / "unavailable: why", without local paths
     harness.add_row(res, "empty kernel, 4 args (torch tensors)", [1, 32], "float32", ours, peers,
                     ratio_vs_raw=ours / raw_best, raw_reference=raw_name,
                     launcher="native" if py_launcher is not None else "python")
