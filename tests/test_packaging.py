@@ -17,6 +17,7 @@ def test_wheel_ships_kernel_sources_and_runs_elsewhere(tmp_path):
     assert "rocjit/kernels_src/rocjit/platform.h" in names
     assert "rocjit/kernels_src/cuda_shim/hip/hip_runtime.h" in names
     assert any(n.startswith("rocjit/kernels_src/") and n.endswith(".hip") for n in names)
+    assert "rocjit/launcher.c" in names          # the native launcher's source, built on the user's machine
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(whl)],
                    check=True, capture_output=True, text=True)
@@ -25,10 +26,14 @@ def test_wheel_ships_kernel_sources_and_runs_elsewhere(tmp_path):
     code = ("import rocjit, pathlib; d = rocjit.kernels_src_dir(); print(d); "
             "src = next(p for p in sorted(d.glob('*.hip'))); "
             "co = rocjit.compile('#include <hip/hip_runtime.h>\\n#include \"rocjit/warp.h\"\\n__global__ void k(){}\\n',"
-            " 'sm_90a'); print(co.format)")
+            " 'sm_90a'); print(co.format); "
+            "from rocjit import native; print(native.module() is not None, native.SOURCE.is_relative_to(d.parent))")
     out = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
                               "ROCJIT_CACHE_DIR": str(tmp_path / "cache")})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
     assert lines[0].startswith(str(site)) and lines[1] == "cubin"
+    from rocjit import native
+    here = native.module() is not None           # where it builds in this checkout it must build from the wheel
+    assert lines[2:] == [str(here), "True"], out.stdout + out.stderr
