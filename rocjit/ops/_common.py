@@ -48,6 +48,33 @@ def check_tensor(op: str, name: str, t, *, dtypes=None, dim=None, shape=None, de
     return t
 
 
+QUANT_MODES = {None: 0, "static": 1, "per_token": 2}     # the fused kernels' QMODE template argument
+
+
+def resolve_quant(op: str, scale, quant, device):
+    """(scale, quant) of a fused op's FP8 arguments: a Python float scale becomes a one-element float32 tensor on
+    `device`; a scale without `quant` means static quantization; contradictory or unknown choices raise."""
+    tm = torch()
+    if scale is not None and not isinstance(scale, tm.Tensor):
+        scale = tm.tensor([float(scale)], dtype=tm.float32, device=device)
+    if quant is None and scale is not None:
+        quant = "static"
+    if quant not in QUANT_MODES:
+        raise ValueError(f"{op}: quant must be None, 'static' or 'per_token', got {quant!r}")
+    if quant == "static" and scale is None:
+        raise ValueError(f"{op}: quant='static' needs scale= (a float32 tensor of one element)")
+    if quant == "per_token" and scale is not None:
+        raise ValueError(f"{op}: quant='per_token' computes its own scales; do not pass scale=")
+    return scale, quant
+
+
+def check_scale(op: str, scale, device) -> None:
+    """A static FP8 scale: one float32 element on the op's device."""
+    check_tensor(op, "scale", scale, dtypes=(torch().float32,), device=device)
+    if scale.numel() != 1:
+        raise ValueError(f"{op}: scale must hold one element, got shape {tuple(scale.shape)}")
+
+
 def half_dtypes():
     tm = torch()
     return (tm.float16, tm.bfloat16)

@@ -17,7 +17,6 @@ from typing import Optional
 
 from rocjit.ops import _common as C
 
-_QUANT = {None: 0, "static": 1, "per_token": 2}
 _plans = {}  # shape / dtype / mode -> (configured launcher, blocks per row)
 _eager = {}  # (x.shape, x.dtype, device, residual?, scale?, quant, fp8_format) -> plan for the fast path
 _Tensor = None
@@ -39,18 +38,8 @@ def _rms_norm(x, weight, eps, residual, scale, quant, out, fp8_format):
     xt, fw = C.to_torch(x, "x", op)
     wt = C.to_torch(weight, "weight", op)[0]
     rt = C.to_torch(residual, "residual", op)[0] if residual is not None else None
-    tm = C.torch()
     scale_arg, quant_arg = scale, quant
-    if scale is not None and not isinstance(scale, tm.Tensor):
-        scale = tm.tensor([float(scale)], dtype=tm.float32, device=xt.device)
-    if quant is None and scale is not None:
-        quant = "static"
-    if quant not in _QUANT:
-        raise ValueError(f"{op}: quant must be None, 'static' or 'per_token', got {quant!r}")
-    if quant == "static" and scale is None:
-        raise ValueError(f"{op}: quant='static' needs scale= (a float32 tensor of one element)")
-    if quant == "per_token" and scale is not None:
-        raise ValueError(f"{op}: quant='per_token' computes its own scales; do not pass scale=")
+    scale, quant = C.resolve_quant(op, scale, quant, xt.device)
     fmt = C.fp8_format(fp8_format, xt.device) if quant else "e4m3fn"
     _check(op, xt, wt, rt, scale)
     if C.compiling():
@@ -81,9 +70,7 @@ def _check(op, x, w, r, scale):
     if r is not None:
         C.check_tensor(op, "residual", r, dtypes=(x.dtype,), shape=tuple(x.shape), device=x.device)
     if scale is not None:
-        C.check_tensor(op, "scale", scale, dtypes=(C.torch().float32,), device=x.device)
-        if scale.numel() != 1:
-            raise ValueError(f"{op}: scale must hold one element, got shape {tuple(scale.shape)}")
+        C.check_scale(op, scale, x.device)
     if not x.is_cuda:
         raise ValueError(f"{op}: x must be on a GPU, got {x.device}")
 
@@ -92,7 +79,7 @@ def _launch(x, w, eps, r, scale, quant, fmt, out):
     tm = C.torch()
     hidden = x.shape[-1]
     rows = x.numel() // hidden if hidden else 0
-    qmode = _QUANT[quant]
+    qmode = C.QUANT_MODES[quant]
     out_dtype = C.fp8_torch_dtype(fmt) if qmode else x.dtype
     if out is None:
         out = tm.empty(x.shape, dtype=out_dtype, device=x.device)
@@ -144,7 +131,7 @@ def _remember(x, r, scale, quant_arg, quant, fp8_format, fmt):
     if rows == 0 or hidden == 0:
         return
     dev, dtype, shape = x.get_device(), x.dtype, x.shape
-    qmode = _QUANT[quant]
+    qmode = C.QUANT_MODES[quant]
     out_dtype = C.fp8_torch_dtype(fmt) if qmode else dtype
     is_aligned = hidden % 8 == 0
     launch = _launcher(rows, hidden, dtype, qmode, fmt, r is not None, is_aligned, dev)

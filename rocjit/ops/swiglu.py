@@ -11,7 +11,6 @@ from typing import Optional
 
 from rocjit.ops import _common as C
 
-_QUANT = {None: 0, "static": 1, "per_token": 2}
 _plans = {}  # shape / dtype / mode -> launch(out, scales, gate_up, scale, rows, d)
 _eager = {}  # (gate_up.shape, dtype, device, scale?, quant, fp8_format) -> plan for the fast path
 _Tensor = None
@@ -31,27 +30,15 @@ def swiglu(gate_up, *, scale=None, quant=None, out=None, fp8_format=None):
 def _swiglu(gate_up, scale, quant, out, fp8_format):
     op = "swiglu"
     xt, fw = C.to_torch(gate_up, "gate_up", op)
-    tm = C.torch()
     scale_arg, quant_arg = scale, quant
-    if scale is not None and not isinstance(scale, tm.Tensor):
-        scale = tm.tensor([float(scale)], dtype=tm.float32, device=xt.device)
-    if quant is None and scale is not None:
-        quant = "static"
-    if quant not in _QUANT:
-        raise ValueError(f"{op}: quant must be None, 'static' or 'per_token', got {quant!r}")
-    if quant == "static" and scale is None:
-        raise ValueError(f"{op}: quant='static' needs scale= (a float32 tensor of one element)")
-    if quant == "per_token" and scale is not None:
-        raise ValueError(f"{op}: quant='per_token' computes its own scales; do not pass scale=")
+    scale, quant = C.resolve_quant(op, scale, quant, xt.device)
     C.check_tensor(op, "gate_up", xt, dtypes=C.half_dtypes())
     if xt.dim() < 1 or xt.shape[-1] % 2:
         raise ValueError(f"{op}: gate_up must be [..., 2*d] with an even last dimension, got {tuple(xt.shape)}")
     if not xt.is_cuda:
         raise ValueError(f"{op}: gate_up must be on a GPU, got {xt.device}")
     if scale is not None:
-        C.check_tensor(op, "scale", scale, dtypes=(tm.float32,), device=xt.device)
-        if scale.numel() != 1:
-            raise ValueError(f"{op}: scale must hold one element, got shape {tuple(scale.shape)}")
+        C.check_scale(op, scale, xt.device)
     fmt = C.fp8_format(fp8_format, xt.device) if quant else "e4m3fn"
     if C.compiling():
         y, scales = _torch_op()(xt, scale, quant or "none", fmt)
@@ -70,7 +57,7 @@ def _launch(x, scale, quant, fmt, out):
     tm = C.torch()
     d = x.shape[-1] // 2
     rows = x.numel() // (2 * d) if d else 0
-    qmode = _QUANT[quant]
+    qmode = C.QUANT_MODES[quant]
     out_dtype = C.fp8_torch_dtype(fmt) if qmode else x.dtype
     shape = tuple(x.shape[:-1]) + (d,)
     if out is None:
@@ -130,7 +117,7 @@ def _remember(x, scale, quant_arg, quant, fp8_format, fmt):
     if rows == 0 or d == 0:
         return
     dev, dtype, shape = x.get_device(), x.dtype, x.shape
-    qmode = _QUANT[quant]
+    qmode = C.QUANT_MODES[quant]
     out_dtype = C.fp8_torch_dtype(fmt) if qmode else dtype
     is_aligned = d % 8 == 0
     launch = _launcher(rows, d, dtype, qmode, fmt, is_aligned, dev)
