@@ -1,6 +1,5 @@
 """GEMV y = W x, square n = 512 ... 16384: rocjit fp16 / int8 / int4 vs torch.mv fp16 (cuBLAS) in one run.
 Weights rotated beyond L2, CUDA-graph replays. int4: group 128, fp16 scales and zero points."""
-import argparse
 
 from rocjit.bench import harness as H
 
@@ -11,11 +10,9 @@ def run(argv) -> dict:
     import torch
     from rocjit.ops import int_quant as Q
     from rocjit.ops.gemv import gemv
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
+    quick = H.quick(argv)
     result = H.new_result("gemv", H.measure_ceilings(matmul=False))
-    sizes = (2048, 16384) if args.quick else SIZES
+    sizes = (2048, 16384) if quick else SIZES
     for n in sizes:
         x = torch.randn(n, device="cuda").half()
         fw = [torch.randn(n, n, device="cuda").half() for _ in range(H.rotation_count(2 * n * n))]

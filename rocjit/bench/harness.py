@@ -105,6 +105,13 @@ def floor_us(nbytes: int, ceilings: dict) -> float:
 
 
 # ----------------------------------------------------------------------------- results
+def quick(argv) -> bool:
+    """A suite's own arguments: only --quick (fewer shapes)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    return ap.parse_args(argv).quick
+
+
 def new_result(suite: str, ceilings: dict | None = None) -> dict:
     gpu = "unknown"
     try:

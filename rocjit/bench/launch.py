@@ -91,8 +91,7 @@ def run(argv) -> dict:
 
     import rocjit
     from rocjit.platform import cuda as plat
-    quick = "--quick" in argv
-    n = 500 if quick else 3000
+    quick = harness.quick(argv)
     res = harness.new_result("launch")
     dev = torch.device("cuda")
     a, b, c = (torch.randn(1024, device=dev) for _ in range(3))

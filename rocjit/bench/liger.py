@@ -1,6 +1,5 @@
 """Unquantized fused add + RMSNorm and SwiGLU: rocjit vs Liger's Triton kernels (Liger has no FP8 output, so this
 is where its ops match ours) vs torch.compile of the same function. Same method as the norm / swiglu suites."""
-import argparse
 import sys
 
 from rocjit.bench import harness as H
@@ -33,14 +32,12 @@ def _liger():
 def run(argv) -> dict:
     import torch
     import rocjit.ops as ops
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
+    quick = H.quick(argv)
     torch._dynamo.config.cache_size_limit = 64
     result = H.new_result("liger", H.measure_ceilings(matmul=False))
     liger_norm, liger_swiglu = _liger()
     c_norm, c_swiglu = torch.compile(_add_rms_norm, dynamic=False), torch.compile(_swiglu, dynamic=False)
-    rows_list = [1, 2048] if args.quick else [1, 8, 32, 256, 2048]
+    rows_list = [1, 2048] if quick else [1, 8, 32, 256, 2048]
     dt = torch.float16
     for rows in rows_list:
         hidden = 16384

@@ -1,6 +1,5 @@
 """add + RMSNorm + FP8 (static scale): rocjit vs torch eager vs torch.compile of the same function.
 Shapes: rows 1..2048 x 16384 fp16 (the seed's table), rows x 4096 / 8192 bf16."""
-import argparse
 
 from rocjit.bench import harness as H
 
@@ -18,14 +17,12 @@ def run(argv) -> dict:
     import torch
     import rocjit.ops as ops
     torch._dynamo.config.cache_size_limit = 256
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
+    quick = H.quick(argv)
     result = H.new_result("norm", H.measure_ceilings(matmul=False))
     compiled = torch.compile(reference, dynamic=False)
     rows_16k = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
     rows_small = [1, 32, 256, 2048]
-    if args.quick:
+    if quick:
         rows_16k, rows_small = [1, 32, 2048], [2048]
     cases = [(16384, torch.float16, r) for r in rows_16k] + [(h, torch.bfloat16, r) for h in (4096, 8192)
                                                              for r in rows_small]

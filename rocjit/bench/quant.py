@@ -1,6 +1,5 @@
 """FP8 quantization of [rows, 7168] bf16: 1x128 blockwise (rows 1..16384), per-token, dynamic per-tensor, and the
 dual row+col quantization against two separate (row-only, column-only) launches and torch.compile."""
-import argparse
 
 from rocjit.bench import harness as H
 
@@ -36,13 +35,11 @@ def run(argv) -> dict:
     import rocjit.ops as ops
     from rocjit.ops import quant as Q
     torch._dynamo.config.cache_size_limit = 256
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
+    quick = H.quick(argv)
     result = H.new_result("quant", H.measure_ceilings(matmul=False))
     cb, ct, cd = (torch.compile(f, dynamic=False) for f in (ref_block, ref_token, ref_dual))
     K = 7168
-    rows_list = [1, 4, 16, 64, 256, 1024, 4096, 16384] if not args.quick else [1, 256, 16384]
+    rows_list = [1, 4, 16, 64, 256, 1024, 4096, 16384] if not quick else [1, 256, 16384]
 
     def bench(case, rows, ours, peers, nbytes, per_set):
         n = H.rotation_count(per_set)
@@ -57,12 +54,12 @@ def run(argv) -> dict:
         nb = rows * K * 3 + rows * (K // 128) * 4
         bench("block_1x128", rows, lambda x: ops.quantize_fp8(x, granularity="block"),
               {"torch_compile": cb, "torch_eager": ref_block}, nb, nb)
-    for rows in ([16, 4096] if not args.quick else [4096]):
+    for rows in ([16, 4096] if not quick else [4096]):
         nb = rows * K * 3 + rows * 4
         bench("per_token", rows, lambda x: ops.quantize_fp8(x, granularity="token"),
               {"torch_compile": ct, "torch_eager": ref_token}, nb, nb)
         bench("per_tensor_dynamic", rows, lambda x: ops.quantize_fp8(x), {}, rows * K * 5, nb)
-    for rows in ([4096, 16384] if not args.quick else [16384]):
+    for rows in ([4096, 16384] if not quick else [16384]):
         nb = rows * K * 4 + rows * (K // 128) * 4 + (rows // 128) * K * 4
         separate = lambda x: (Q._dual(x, "e4m3fn", 1), Q._dual(x, "e4m3fn", 2))  # noqa: E731
         bench("dual_row_col", rows, lambda x: ops.quantize_fp8_dual(x),

@@ -1,7 +1,6 @@
 """Skinny GEMM C = A W^T, M = 1..32: rocjit vs cuBLASLt FP8 (torch._scaled_mm, M padded to 16) and
 cuBLAS bf16 (torch.matmul), in one run. Weights rotated beyond L2, CUDA-graph replays.
 Shapes: the seed's decode projections (N, K) in {(2304, 16384), (13312, 16384), (16384, 6656)}."""
-import argparse
 
 from rocjit.bench import harness as H
 
@@ -12,11 +11,9 @@ ROWS = (1, 2, 4, 8, 16, 32)
 def run(argv) -> dict:
     import torch
     from rocjit.ops.skinny import skinny_gemm
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
+    quick = H.quick(argv)
     result = H.new_result("skinny", H.measure_ceilings(matmul=True, fp8=True))
-    rows = (1, 16, 32) if args.quick else ROWS
+    rows = (1, 16, 32) if quick else ROWS
     f8 = torch.float8_e4m3fn
     for N, K in SHAPES:
         for dt in (f8, torch.bfloat16):

@@ -1,5 +1,4 @@
 """SwiGLU + FP8 (static scale), rows x 2*6656 fp16: rocjit vs torch eager vs torch.compile."""
-import argparse
 
 from rocjit.bench import harness as H
 
@@ -15,13 +14,11 @@ def run(argv) -> dict:
     import torch
     import rocjit.ops as ops
     torch._dynamo.config.cache_size_limit = 256
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
+    quick = H.quick(argv)
     result = H.new_result("swiglu", H.measure_ceilings(matmul=False))
     compiled = torch.compile(reference, dynamic=False)
     d = 6656
-    rows_list = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048] if not args.quick else [1, 32, 2048]
+    rows_list = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048] if not quick else [1, 32, 2048]
     for rows in rows_list:
         per_set = rows * 2 * d * 2 + rows * d
         n = H.rotation_count(per_set)
