@@ -180,12 +180,12 @@ __device__ __forceinline__ float prescale_i4(float (&xf)[E]) {
 // WK: weight kind; ST: type of w_scale / w_zero (float or XT); OT: output type.
 // P threads per team (a power of two <= wave size), ROWS teams per block, RT rows per team,
 // MB >= B batch rows, UNROLL 16-byte loads per row in flight per thread.
-// w_scale: int8 [N]; int4 [N, K/G] (+ w_zero [N, K/G]); fp8 [1] or [N] (w_scale_per_row).
-// scale_a: fp8 activations' per-tensor scale [1] or nullptr.
+// w_scale: int8 [N]; int4 [N, K/G] (+ w_zero [N, K/G]); fp8 [1] or [N] (scale_modes bit 0).
+// scale_a: fp8 activations' scale, per tensor [1] or per row [B] (scale_modes bit 1), or nullptr.
 template <class XT, class WK, class ST, class OT, int P, int ROWS, int MB, int UNROLL, int RT>
 __launch_bounds__(P * ROWS, 1) __global__ void
 gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x, OT* __restrict__ out,
-            const ST* __restrict__ w_scale, const ST* __restrict__ w_zero, int group_size, int w_scale_per_row,
+            const ST* __restrict__ w_scale, const ST* __restrict__ w_zero, int group_size, int scale_modes,
             const float* __restrict__ scale_a, int N, int K, int B) {
     using namespace gemv;
     constexpr int E = WK::per16;
@@ -291,11 +291,11 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
         const int n = n0 + r;
         if (n < N) {
             float s = 1.f;
-            if (!I4 && w_scale) s = to_float(w_scale[w_scale_per_row ? n : 0]);
-            if (scale_a) s *= scale_a[0];
+            if (!I4 && w_scale) s = to_float(w_scale[(scale_modes & 1) ? n : 0]);
 #pragma unroll
             for (int b = 0; b < MB; ++b)
-                if (b < B) store<OT>(out + (size_t)b * N + n, acc[r][b] * s);
+                if (b < B) store<OT>(out + (size_t)b * N + n,
+                                     acc[r][b] * s * (scale_a ? scale_a[(scale_modes & 2) ? b : 0] : 1.f));
         }
     }
 }

@@ -29,6 +29,12 @@
 
 namespace skinny {
 
+// scale_modes bit 0: scale_w holds one scale per output column n (else one per tensor);
+// bit 1: scale_a holds one scale per activation row m (dynamic per-token FP8), else one per tensor.
+__device__ __forceinline__ float scale_at(const float* __restrict__ s, int per_index, int i) {
+    return s ? s[per_index ? i : 0] : 1.f;
+}
+
 // Element kinds of A and W (both operands share one kind).
 struct bf16_t { typedef __hip_bfloat16 storage; static constexpr int per16 = 8; };
 struct f16_t { typedef __half storage; static constexpr int per16 = 8; };
@@ -172,12 +178,13 @@ __device__ __forceinline__ int acc_arow(int j, int r) { return kNTileRows * j + 
 // E: element kind; OT: output type; MT: 16-row weight tiles per warp; NT: activation tiles
 // (M <= NT * kNTileRows); WARPS_K: warps splitting K inside a block; UNROLL: k-blocks in flight.
 // A k-block is 4 chunks of 16 bytes per row (32 bf16/f16 or 64 fp8 values).
-// partial == nullptr: write out[M, N] = acc * scale_a * scale_w; else partial[split][M][N] = acc.
+// partial == nullptr: write out[M, N] = acc * scale_a * scale_w (scale_modes: which are per row / column);
+// else partial[split][M][N] = acc.
 template <class E, class OT, int MT, int NT, int WARPS_K, int UNROLL>
 __launch_bounds__(WARPS_K * skinny::kWarp) __global__ void
 skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::storage* __restrict__ w,
                    OT* __restrict__ out, float* __restrict__ partial,
-                   const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_w_per_row,
+                   const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_modes,
                    int M, int N, int K, int kblocks_per_split) {
     using namespace skinny;
     constexpr int kPer16 = E::per16;
@@ -258,7 +265,6 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
             for (int v = 0; v < kVals; ++v) dst[v] += red[s][v][lane];
     }
 
-    const float sa = scale_a ? scale_a[0] : 1.f;
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -271,24 +277,24 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
                 if (partial) {
                     partial[((size_t)blockIdx.y * M + m) * N + n] = acc[t][j][r];
                 } else {
-                    const float sw = scale_w ? scale_w[scale_w_per_row ? n : 0] : 1.f;
-                    store_out<OT>(out + (size_t)m * N + n, acc[t][j][r] * sa * sw);
+                    const float sw = scale_at(scale_w, scale_modes & 1, n);
+                    store_out<OT>(out + (size_t)m * N + n, acc[t][j][r] * scale_at(scale_a, scale_modes & 2, m) * sw);
                 }
             }
 }
 
-// out[m, n] = (sum over splits s = 0, 1, ... of partial[s, m, n]) * scale_a * scale_w[n].
+// out[m, n] = (sum over splits s = 0, 1, ... of partial[s, m, n]) * scale_a[m] * scale_w[n] (see scale_modes).
 template <class OT>
 __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* __restrict__ out,
                                      const float* __restrict__ scale_a, const float* __restrict__ scale_w,
-                                     int scale_w_per_row, int M, int N, int splits) {
+                                     int scale_modes, int M, int N, int splits) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M * N) return;
-    const int n = i % N;
+    const int n = i % N, m = i / N;
     float s = 0.f;
     for (int p = 0; p < splits; ++p) s += partial[(size_t)p * M * N + i];
-    const float sa = scale_a ? scale_a[0] : 1.f;
-    const float sw = scale_w ? scale_w[scale_w_per_row ? n : 0] : 1.f;
+    const float sa = skinny::scale_at(scale_a, scale_modes & 2, m);
+    const float sw = skinny::scale_at(scale_w, scale_modes & 1, n);
     skinny::store_out<OT>(out + i, s * sa * sw);
 }
 
@@ -367,7 +373,7 @@ template <class E, class OT, int MT, int NT, int CW, int BK, int STAGES, int PW>
 __launch_bounds__((CW + PW) * 32, 1) __global__ void
 skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E::storage* __restrict__ w,
                      OT* __restrict__ out, float* __restrict__ ws, int* __restrict__ tickets,
-                     const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_w_per_row,
+                     const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_modes,
                      int M, int N, int K) {
 #if defined(SKINNY_ASYNC)
     using namespace skinny;
@@ -454,7 +460,6 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
-    const float sa = scale_a ? scale_a[0] : 1.f;
 
     for (long long f = begin; f < end; ++f) {
         const int i = (int)(f - begin), s = i % STAGES;
@@ -533,7 +538,8 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
                     for (int r = 0; r < kAcc; ++r) {
                         const int n = row_base + acc_wrow(t, r), m = acc_arow(j, r);
                         if (n < N && m < M) {
-                            const float sw = scale_w ? scale_w[scale_w_per_row ? n : 0] : 1.f;
+                            const float sa = scale_at(scale_a, scale_modes & 2, m);
+                            const float sw = scale_at(scale_w, scale_modes & 1, n);
                             store_out<OT>(out + (size_t)m * N + n, acc[t][j][r] * sa * sw);
                         }
                     }

@@ -33,10 +33,18 @@ typedef struct {
 } rj_tensor;
 typedef struct {
     uint32_t major, minor;
+    void *manager_ctx;
+    void (*deleter)(void *self);
+    uint64_t flags;
+    rj_tensor dl_tensor;
+} rj_managed_tensor;
+typedef void (*rj_set_error)(void *ctx, const char *kind, const char *message);
+typedef struct {
+    uint32_t major, minor;
     void *prev_api;
-    void *managed_tensor_allocator;
+    int (*managed_tensor_allocator)(rj_tensor *prototype, rj_managed_tensor **out, void *error_ctx, rj_set_error);
     void *managed_tensor_from_py_object_no_sync;
-    void *managed_tensor_to_py_object_no_sync;
+    int (*managed_tensor_to_py_object_no_sync)(rj_managed_tensor *tensor, void **out_py_object);
     int (*dltensor_from_py_object_no_sync)(void *py_object, rj_tensor *out);
     int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
 } rj_exchange_api;
@@ -415,6 +423,490 @@ static PyTypeObject LauncherType = {
     .tp_getset = launcher_getset,
 };
 
+/* ------------------------------------------------------------------------------------------------ Plans */
+/* An op's eager plans (rocjit.ops._op). A plan is what one successful call of an op did -- the outputs it
+ * allocated and the launches it made, each argument of each launch named as an op argument, an output or a
+ * constant -- keyed by everything the op's checks looked at: each tensor argument's dtype, shape, device,
+ * contiguity and 16-byte alignment, the exact type of each forwarded scalar and the value of each option. A call
+ * whose arguments match a plan's key allocates that plan's outputs through the framework's DLPack allocator and
+ * calls the same launchers (the native Launcher objects, which check their own arguments again); any other call,
+ * and any call that cannot be completed here, goes untouched to the op's Python path, which decides errors. */
+#define RJ_MAX_OP_ARGS 16
+#define RJ_MAX_DIMS 8
+#define RJ_MAX_OUTS 8
+#define RJ_MAX_PLANS 64
+
+typedef struct {
+    char kind;                 /* 'N' None, 'T' tensor, 'S' forwarded scalar, 'O' option */
+    uint32_t dtype;
+    int32_t device_type, device_id;
+    int ndim, aligned;
+    int64_t shape[RJ_MAX_DIMS];
+    PyTypeObject *type;        /* 'S' and 'O': the exact type */
+    PyObject *value;           /* 'O': the value (strong reference), compared by == */
+} rj_argkey;
+
+typedef struct { char kind; int index; } rj_ref;   /* 'a' op argument, 'o' output, 'c' constant, 'n' None */
+
+typedef struct {
+    PyObject *launcher, *kwnames, *shared;
+    int nargs;
+    rj_ref *args;
+} rj_launch;
+
+typedef struct {
+    uint32_t dtype;
+    int ndim;
+    int64_t shape[RJ_MAX_DIMS];
+} rj_out;
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t hash;
+    int nargs, nouts, nconsts, nlaunches, nresult, result_tuple;
+    int32_t device_type, device_id;
+    int stream_bound;
+    void *stream;
+    rj_argkey args[RJ_MAX_OP_ARGS];
+    rj_out outs[RJ_MAX_OUTS];
+    PyObject **consts;
+    rj_launch *launches;
+    rj_ref *result;
+} Plan;
+
+static void plan_dealloc(Plan *self) {
+    for (int i = 0; i < self->nargs; i++) Py_XDECREF(self->args[i].value);
+    for (int i = 0; i < self->nconsts; i++) Py_XDECREF(self->consts[i]);
+    for (int i = 0; i < self->nlaunches; i++) {
+        Py_XDECREF(self->launches[i].launcher);
+        Py_XDECREF(self->launches[i].kwnames);
+        Py_XDECREF(self->launches[i].shared);
+        PyMem_Free(self->launches[i].args);
+    }
+    PyMem_Free(self->consts);
+    PyMem_Free(self->launches);
+    PyMem_Free(self->result);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rocjit._launch.Plan",
+    .tp_basicsize = sizeof(Plan),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One recorded eager call of an op (made by Plans.add)",
+    .tp_dealloc = (destructor)plan_dealloc,
+};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int nargs;
+    char roles[RJ_MAX_OP_ARGS];          /* 'T' tensor or None, 'S' forwarded scalar, 'O' option */
+    int ntypes;
+    PyTypeObject *types[RJ_MAX_TYPES];
+    const rj_exchange_api *api;
+    PyObject *fallback;
+    int nplans;
+    Plan *plans[RJ_MAX_PLANS];           /* most recently added first */
+    unsigned long long hits, misses;
+} Plans;
+
+static inline uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+}
+
+/* The key of one argument; 0 on success, -1: no plan can match (no Python error left set). */
+static int arg_key(const Plans *s, int i, PyObject *o, rj_argkey *k, uint64_t *h) {
+    memset(k, 0, sizeof *k);
+    if (s->roles[i] == 'T') {
+        if (o == Py_None) { k->kind = 'N'; *h = mix(*h, 'N'); return 0; }
+        PyTypeObject *t = Py_TYPE(o);
+        int known = 0;
+        for (int j = 0; j < s->ntypes; j++) known |= (t == s->types[j]);
+        if (!known) return -1;
+        rj_tensor dl;
+        if (s->api->dltensor_from_py_object_no_sync(o, &dl) != 0) { PyErr_Clear(); return -1; }
+        if (dl.ndim > RJ_MAX_DIMS || !contiguous(&dl) || dl.dtype.code == RJ_DL_COMPLEX) return -1;
+        k->kind = 'T';
+        k->dtype = (uint32_t)dl.dtype.code | (uint32_t)dl.dtype.bits << 8 | (uint32_t)dl.dtype.lanes << 16;
+        k->device_type = dl.device.device_type;
+        k->device_id = dl.device.device_id;
+        k->ndim = dl.ndim;
+        k->aligned = (((uintptr_t)dl.data + dl.byte_offset) & 15) == 0;
+        *h = mix(mix(mix(mix(*h, 'T'), k->dtype), (uint64_t)k->device_type << 32 | (uint32_t)k->device_id),
+                 (uint64_t)k->ndim << 1 | (uint64_t)k->aligned);
+        for (int d = 0; d < dl.ndim; d++) { k->shape[d] = dl.shape[d]; *h = mix(*h, (uint64_t)dl.shape[d]); }
+        return 0;
+    }
+    k->type = Py_TYPE(o);
+    *h = mix(*h, (uint64_t)(uintptr_t)k->type);
+    if (s->roles[i] == 'S') {
+        if (k->type != &PyFloat_Type && k->type != &PyLong_Type && k->type != &PyBool_Type) return -1;
+        k->kind = 'S';
+        return 0;
+    }
+    k->kind = 'O';
+    k->value = o;                        /* borrowed until a plan keeps it */
+    Py_hash_t v = PyObject_Hash(o);
+    if (v == -1) { PyErr_Clear(); return -1; }
+    *h = mix(*h, (uint64_t)v);
+    return 0;
+}
+
+/* 1: equal, 0: not, -1: cannot tell (no Python error left set) */
+static int key_equal(const rj_argkey *a, const rj_argkey *b) {
+    if (a->kind != b->kind) return 0;
+    switch (a->kind) {
+    case 'N': return 1;
+    case 'S': return a->type == b->type;
+    case 'O': {
+        if (a->type != b->type) return 0;
+        if (a->value == b->value) return 1;
+        int r = PyObject_RichCompareBool(a->value, b->value, Py_EQ);
+        if (r < 0) { PyErr_Clear(); return -1; }
+        return r;
+    }
+    default:
+        if (a->dtype != b->dtype || a->device_type != b->device_type || a->device_id != b->device_id ||
+            a->ndim != b->ndim || a->aligned != b->aligned)
+            return 0;
+        return memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
+    }
+}
+
+static void set_alloc_error(void *ctx, const char *kind, const char *message) {
+    (void)ctx; (void)kind; (void)message;   /* the Python path repeats the allocation and reports */
+}
+
+static PyObject *ref_object(const rj_ref *r, PyObject *const *args, PyObject **outs, PyObject **consts) {
+    switch (r->kind) {
+    case 'a': return args[r->index];
+    case 'o': return outs[r->index];
+    case 'c': return consts[r->index];
+    default: return Py_None;
+    }
+}
+
+static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    rj_argkey keys[RJ_MAX_OP_ARGS];
+    uint64_t h = 0;
+    Plan *plan = NULL;
+    PyObject *outs[RJ_MAX_OUTS] = {0};
+    PyObject *stack[RJ_MAX_PARAMS + 1];
+    PyObject *result = NULL;
+    int nouts = 0;
+
+    if (kwnames || nargs != self->nargs || self->nplans == 0) goto fallback;
+    for (int i = 0; i < self->nargs; i++)
+        if (arg_key(self, i, args[i], &keys[i], &h) != 0) goto fallback;
+    for (int p = 0; p < self->nplans && !plan; p++) {
+        Plan *c = self->plans[p];
+        if (c->hash != h) continue;
+        int same = 1;
+        for (int i = 0; i < self->nargs && same; i++) {
+            int e = key_equal(&keys[i], &c->args[i]);
+            if (e < 0) goto fallback;
+            same = e;
+        }
+        if (same) plan = c;
+    }
+    if (!plan) goto fallback;
+    Py_INCREF(plan);                      /* a launch releases the GIL: another thread may evict the plan */
+    if (plan->stream_bound) {
+        void *cur = NULL;
+        if (self->api->current_work_stream(plan->device_type, plan->device_id, &cur) != 0) {
+            PyErr_Clear();
+            goto miss;
+        }
+        if (cur != plan->stream) goto miss;
+    }
+    for (; nouts < plan->nouts; nouts++) {
+        rj_out *o = &plan->outs[nouts];
+        rj_tensor proto;
+        memset(&proto, 0, sizeof proto);
+        proto.device.device_type = plan->device_type;
+        proto.device.device_id = plan->device_id;
+        proto.ndim = o->ndim;
+        proto.dtype.code = (uint8_t)(o->dtype & 0xff);
+        proto.dtype.bits = (uint8_t)(o->dtype >> 8 & 0xff);
+        proto.dtype.lanes = (uint16_t)(o->dtype >> 16);
+        proto.shape = o->shape;
+        rj_managed_tensor *mt = NULL;
+        void *obj = NULL;
+        if (self->api->managed_tensor_allocator(&proto, &mt, NULL, set_alloc_error) != 0 || !mt) {
+            PyErr_Clear();
+            goto miss;
+        }
+        if (self->api->managed_tensor_to_py_object_no_sync(mt, &obj) != 0 || !obj) {
+            PyErr_Clear();               /* the framework released the tensor or never took it: see its docs */
+            goto miss;
+        }
+        outs[nouts] = (PyObject *)obj;
+    }
+    for (int l = 0; l < plan->nlaunches; l++) {
+        rj_launch *L = &plan->launches[l];
+        for (int a = 0; a < L->nargs; a++) stack[a] = ref_object(&L->args[a], args, outs, plan->consts);
+        if (L->kwnames) stack[L->nargs] = L->shared;
+        PyObject *r = PyObject_Vectorcall(L->launcher, stack, (size_t)L->nargs, L->kwnames);
+        if (!r) goto done;               /* the launcher's own Python path raised: a real error, passed on */
+        Py_DECREF(r);
+    }
+    if (plan->result_tuple) {
+        result = PyTuple_New(plan->nresult);
+        if (!result) goto done;
+        for (int r = 0; r < plan->nresult; r++) {
+            PyObject *o = ref_object(&plan->result[r], args, outs, plan->consts);
+            Py_INCREF(o);
+            PyTuple_SET_ITEM(result, r, o);
+        }
+    } else {
+        result = ref_object(&plan->result[0], args, outs, plan->consts);
+        Py_INCREF(result);
+    }
+    self->hits++;
+done:
+    for (int j = 0; j < nouts; j++) Py_XDECREF(outs[j]);
+    Py_DECREF(plan);
+    return result;
+miss:
+    for (int j = 0; j < nouts; j++) Py_XDECREF(outs[j]);
+    Py_DECREF(plan);
+fallback:
+    self->misses++;
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+/* Plans(roles, fallback, exchange_api, tensor_types): roles is one letter per positional op argument. */
+static int plans_init(Plans *self, PyObject *args, PyObject *kw) {
+    const char *roles;
+    PyObject *fallback, *api, *types;
+    if (!PyArg_ParseTuple(args, "sOOO!", &roles, &fallback, &api, &PyTuple_Type, &types)) return -1;
+    size_t n = strlen(roles);
+    if (n > RJ_MAX_OP_ARGS || strspn(roles, "TSO") != n) {
+        PyErr_Format(PyExc_ValueError, "roles: at most %d of 'T', 'S', 'O'", RJ_MAX_OP_ARGS);
+        return -1;
+    }
+    if (!PyCallable_Check(fallback)) { PyErr_SetString(PyExc_TypeError, "fallback: a callable"); return -1; }
+    if (PyTuple_GET_SIZE(types) < 1 || PyTuple_GET_SIZE(types) > RJ_MAX_TYPES) {
+        PyErr_SetString(PyExc_ValueError, "tensor_types: 1 to 4 types");
+        return -1;
+    }
+    self->api = address_of(api, "exchange_api");
+    if (!self->api) return -1;
+    if (self->api->major != 1 || !self->api->dltensor_from_py_object_no_sync || !self->api->current_work_stream ||
+        !self->api->managed_tensor_allocator || !self->api->managed_tensor_to_py_object_no_sync) {
+        PyErr_SetString(PyExc_ValueError, "the framework's DLPack exchange API lacks what op plans need");
+        return -1;
+    }
+    self->nargs = (int)n;
+    memcpy(self->roles, roles, n);
+    for (int i = 0; i < (int)PyTuple_GET_SIZE(types); i++) {
+        PyObject *t = PyTuple_GET_ITEM(types, i);
+        if (!PyType_Check(t)) { PyErr_SetString(PyExc_TypeError, "tensor_types: types"); return -1; }
+        Py_INCREF(t);
+        self->types[self->ntypes++] = (PyTypeObject *)t;
+    }
+    Py_INCREF(fallback);
+    Py_XSETREF(self->fallback, fallback);
+    self->vectorcall = (vectorcallfunc)plans_vectorcall;
+    return 0;
+}
+
+static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts) {
+    const char *kind;
+    int index;
+    if (o == Py_None) { r->kind = 'n'; r->index = 0; return 0; }
+    if (!PyArg_ParseTuple(o, "si", &kind, &index)) return -1;
+    int limit = kind[0] == 'a' ? nargs : kind[0] == 'o' ? nouts : kind[0] == 'c' ? nconsts : -1;
+    if (kind[1] || index < 0 || index >= limit) {
+        PyErr_Format(PyExc_ValueError, "bad reference (%s, %d)", kind, index);
+        return -1;
+    }
+    r->kind = kind[0];
+    r->index = index;
+    return 0;
+}
+
+/* plans.add(args, outputs, consts, launches, result, as_tuple, stream)
+ *   args: the op arguments of the call being recorded (its key is read from them, as a later call's would be)
+ *   outputs: [(dtype, shape), ...] allocated on the device of the plan's tensors
+ *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | None
+ *   result: [ref, ...], returned as a tuple when as_tuple, else its one element
+ *   stream: None, or the stream handle the plan is bound to (its constants belong to that stream)
+ * Returns True when the plan was added, False when this call cannot be a plan (e.g. no tensor argument). */
+static PyObject *plans_add(Plans *self, PyObject *args) {
+    PyObject *call, *outputs, *consts, *launches, *result, *stream;
+    int as_tuple;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!pO", &PyTuple_Type, &call, &PyList_Type, &outputs, &PyList_Type, &consts,
+                          &PyList_Type, &launches, &PyList_Type, &result, &as_tuple, &stream))
+        return NULL;
+    if (PyTuple_GET_SIZE(call) != self->nargs) {
+        PyErr_Format(PyExc_ValueError, "args: %d op arguments expected", self->nargs);
+        return NULL;
+    }
+    Plan *p = PyObject_New(Plan, &PlanType);
+    if (!p) return NULL;
+    memset((char *)p + sizeof(PyObject), 0, sizeof(Plan) - sizeof(PyObject));
+    uint64_t h = 0;
+    int device_known = 0;
+    for (int i = 0; i < self->nargs; i++) {
+        if (arg_key(self, i, PyTuple_GET_ITEM(call, i), &p->args[i], &h) != 0) {
+            p->nargs = i;
+            Py_DECREF(p);
+            Py_RETURN_FALSE;
+        }
+        p->nargs = i + 1;
+        Py_XINCREF(p->args[i].value);
+        if (p->args[i].kind == 'T') {
+            if (!device_known) {
+                p->device_type = p->args[i].device_type;
+                p->device_id = p->args[i].device_id;
+                device_known = 1;
+            } else if (p->args[i].device_type != p->device_type || p->args[i].device_id != p->device_id) {
+                Py_DECREF(p);
+                Py_RETURN_FALSE;
+            }
+        }
+    }
+    if (!device_known) { Py_DECREF(p); Py_RETURN_FALSE; }
+    p->hash = h;
+    if (PyList_GET_SIZE(outputs) > RJ_MAX_OUTS) { PyErr_SetString(PyExc_ValueError, "outputs: too many"); goto fail; }
+    p->nouts = (int)PyList_GET_SIZE(outputs);
+    for (int j = 0; j < p->nouts; j++) {
+        unsigned long dtype;
+        PyObject *shape;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(outputs, j), "kO!", &dtype, &PyTuple_Type, &shape)) goto fail;
+        if (PyTuple_GET_SIZE(shape) > RJ_MAX_DIMS) { PyErr_SetString(PyExc_ValueError, "output: too many dims"); goto fail; }
+        p->outs[j].dtype = (uint32_t)dtype;
+        p->outs[j].ndim = (int)PyTuple_GET_SIZE(shape);
+        for (int d = 0; d < p->outs[j].ndim; d++) {
+            p->outs[j].shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+            if (p->outs[j].shape[d] < 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "output: negative size");
+                goto fail;
+            }
+        }
+    }
+    p->nconsts = (int)PyList_GET_SIZE(consts);
+    p->consts = PyMem_Calloc(p->nconsts ? p->nconsts : 1, sizeof(PyObject *));
+    if (!p->consts) { PyErr_NoMemory(); goto fail; }
+    for (int k = 0; k < p->nconsts; k++) { p->consts[k] = PyList_GET_ITEM(consts, k); Py_INCREF(p->consts[k]); }
+    Py_ssize_t nl = PyList_GET_SIZE(launches);
+    p->launches = PyMem_Calloc(nl ? nl : 1, sizeof(rj_launch));
+    if (!p->launches) { PyErr_NoMemory(); goto fail; }
+    for (Py_ssize_t l = 0; l < nl; l++) {
+        PyObject *launcher, *refs, *shared;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(launches, l), "OO!O", &launcher, &PyList_Type, &refs, &shared)) goto fail;
+        rj_launch *L = &p->launches[l];
+        p->nlaunches = (int)l + 1;
+        if (!PyCallable_Check(launcher) || PyList_GET_SIZE(refs) > RJ_MAX_PARAMS) {
+            PyErr_SetString(PyExc_ValueError, "launch: a callable and at most MAX_PARAMS arguments");
+            goto fail;
+        }
+        Py_INCREF(launcher);
+        L->launcher = launcher;
+        L->nargs = (int)PyList_GET_SIZE(refs);
+        L->args = PyMem_Calloc(L->nargs ? L->nargs : 1, sizeof(rj_ref));
+        if (!L->args) { PyErr_NoMemory(); goto fail; }
+        for (int a = 0; a < L->nargs; a++)
+            if (parse_ref(PyList_GET_ITEM(refs, a), &L->args[a], self->nargs, p->nouts, p->nconsts) != 0) goto fail;
+        if (!PyLong_CheckExact(shared)) { PyErr_SetString(PyExc_TypeError, "shared_mem: an int"); goto fail; }
+        if (PyObject_IsTrue(shared)) {
+            L->kwnames = Py_BuildValue("(O)", str_shared_mem);
+            if (!L->kwnames) goto fail;
+            Py_INCREF(shared);
+            L->shared = shared;
+        }
+    }
+    p->nresult = (int)PyList_GET_SIZE(result);
+    p->result_tuple = as_tuple;
+    if (p->nresult < 1 || (!as_tuple && p->nresult != 1)) {
+        PyErr_SetString(PyExc_ValueError, "result: one reference, or a tuple of them");
+        goto fail;
+    }
+    p->result = PyMem_Calloc(p->nresult, sizeof(rj_ref));
+    if (!p->result) { PyErr_NoMemory(); goto fail; }
+    for (int r = 0; r < p->nresult; r++)
+        if (parse_ref(PyList_GET_ITEM(result, r), &p->result[r], self->nargs, p->nouts, p->nconsts) != 0) goto fail;
+    if (stream != Py_None) {
+        p->stream = PyLong_AsVoidPtr(stream);
+        if (!p->stream && PyErr_Occurred()) goto fail;
+        p->stream_bound = 1;
+    }
+    if (self->nplans == RJ_MAX_PLANS) Py_DECREF(self->plans[--self->nplans]);     /* the oldest goes */
+    memmove(&self->plans[1], &self->plans[0], sizeof(Plan *) * (size_t)self->nplans);
+    self->plans[0] = p;
+    self->nplans++;
+    Py_RETURN_TRUE;
+fail:
+    Py_DECREF(p);
+    return NULL;
+}
+
+static PyObject *plans_clear_all(Plans *self, PyObject *unused) {
+    while (self->nplans) Py_DECREF(self->plans[--self->nplans]);
+    Py_RETURN_NONE;
+}
+
+static int plans_traverse(Plans *self, visitproc visit, void *arg) {
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int plans_gc_clear(Plans *self) {
+    Py_CLEAR(self->fallback);
+    plans_clear_all(self, NULL);
+    return 0;
+}
+
+static void plans_dealloc(Plans *self) {
+    PyObject_GC_UnTrack(self);
+    plans_gc_clear(self);
+    for (int i = 0; i < self->ntypes; i++) Py_XDECREF((PyObject *)self->types[i]);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *plans_len(Plans *self, void *closure) { return PyLong_FromLong(self->nplans); }
+
+static PyMethodDef plans_methods[] = {
+    {"add", (PyCFunction)plans_add, METH_VARARGS, "add(args, outputs, consts, launches, result, as_tuple, stream)"},
+    {"clear", (PyCFunction)plans_clear_all, METH_NOARGS, "forget every plan"},
+    {NULL}
+};
+
+static PyMemberDef plans_members[] = {
+    {"hits", T_ULONGLONG, offsetof(Plans, hits), READONLY, "calls completed by a plan"},
+    {"misses", T_ULONGLONG, offsetof(Plans, misses), READONLY, "calls handed to the Python path"},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Plans, vectorcall), READONLY},
+    {NULL}
+};
+
+static PyGetSetDef plans_getset[] = {
+    {"size", (getter)plans_len, NULL, "plans held (at most MAX_PLANS, the oldest evicted first)"},
+    {NULL}
+};
+
+static PyTypeObject PlansType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rocjit._launch.Plans",
+    .tp_basicsize = sizeof(Plans),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "An op's eager plans: a call matching one runs it here, every other call goes to the fallback",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)plans_init,
+    .tp_dealloc = (destructor)plans_dealloc,
+    .tp_traverse = (traverseproc)plans_traverse,
+    .tp_clear = (inquiry)plans_gc_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Plans, vectorcall),
+    .tp_methods = plans_methods,
+    .tp_members = plans_members,
+    .tp_getset = plans_getset,
+};
+
 /* dtype_code(exchange_api, tensor) -> the tensor's DLPack dtype, packed as Spec's dtypes are */
 static PyObject *dtype_code(PyObject *m, PyObject *args) {
     PyObject *api_obj, *t;
@@ -437,7 +929,9 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__rocjit_launch(void) {
-    if (PyType_Ready(&SpecType) < 0 || PyType_Ready(&LauncherType) < 0) return NULL;
+    if (PyType_Ready(&SpecType) < 0 || PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PlanType) < 0 ||
+        PyType_Ready(&PlansType) < 0)
+        return NULL;
     str_shared_mem = PyUnicode_InternFromString("shared_mem");
     str_stream = PyUnicode_InternFromString("stream");
     if (!str_shared_mem || !str_stream) return NULL;
@@ -447,6 +941,8 @@ PyMODINIT_FUNC PyInit__rocjit_launch(void) {
     Py_INCREF(&LauncherType);
     if (PyModule_AddObject(m, "Spec", (PyObject *)&SpecType) < 0 ||
         PyModule_AddObject(m, "Launcher", (PyObject *)&LauncherType) < 0 ||
+        PyModule_AddObjectRef(m, "Plans", (PyObject *)&PlansType) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_PLANS", RJ_MAX_PLANS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PARAMS", RJ_MAX_PARAMS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_BLOCK", RJ_MAX_BLOCK) < 0 ||
         PyModule_AddIntConstant(m, "MAX_DEVICES", RJ_MAX_DEVICES) < 0) {

@@ -9,7 +9,7 @@ SIZES = (512, 1024, 2048, 4096, 8192, 16384)
 def run(argv) -> dict:
     import torch
     from rocjit.ops import int_quant as Q
-    from rocjit.ops.gemv import gemv
+    from rocjit.ops import gemv
     quick = H.quick(argv)
     result = H.new_result("gemv", H.measure_ceilings(matmul=False))
     sizes = (2048, 16384) if quick else SIZES

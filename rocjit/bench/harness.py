@@ -20,7 +20,17 @@ from pathlib import Path
 
 from rocjit import tune
 
-SUITES = ("launch", "norm", "swiglu", "quant", "gemv", "skinny", "liger")
+
+
+def _suites() -> tuple:
+    """Every suite module beside this one (each defines run(argv) -> result); launch first, then by name."""
+    import pkgutil
+    here = Path(__file__).parent
+    names = sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name != "harness" and not m.name.startswith("_"))
+    return tuple(sorted(names, key=lambda n: n != "launch"))
+
+
+SUITES = _suites()
 
 
 def _torch():

@@ -1,29 +1,27 @@
 """rocjit's kernel library: fused memory-bound inference ops and GEMV / skinny GEMM.
 
-Each op takes torch tensors (or cupy / numpy arrays, returned in kind), compiles its kernel on first use
-and launches on the current stream; torch.compile traces them as torch.ops.rocjit.* custom ops.
+Each op takes torch tensors (or cupy / numpy arrays, returned in kind), compiles its kernel on first use and
+launches on the current stream; a repeated eager call with the same shapes replays a native plan (a raw launch's
+host cost); torch.compile traces them as torch.ops.rocjit.* custom ops. Every op is listed in
+``rocjit.ops.REGISTRY`` (rocjit/ops/_op.py), which these public names are read from.
 """
-from rocjit.ops.norm import rms_norm
-from rocjit.ops.swiglu import swiglu
-from rocjit.ops.quant import quantize_fp8, quantize_fp8_dual, quantize_fp8_weight
-
 import sys as _sys
 
-if "torch" in _sys.modules:  # torch is already loaded: register the custom ops for torch.compile now
-    from rocjit.ops._common import register_custom_ops as _register
-    _register()
+from rocjit.ops._op import REGISTRY, clear_plans, load_all as _load_all, register_custom_ops
 
-__all__ = ["rms_norm", "swiglu", "quantize_fp8", "quantize_fp8_weight", "quantize_fp8_dual"]
+_load_all()
+globals().update({_name: _entry.function for _name, _entry in REGISTRY.items()})
+
+if "torch" in _sys.modules:  # torch is already loaded: register the custom ops for torch.compile now
+    register_custom_ops()
+
+__all__ = sorted(REGISTRY) + ["REGISTRY", "clear_plans", "register_custom_ops"]
 
 
 def __getattr__(name):
-    # GEMV / skinny GEMM ops live in their own modules, loaded on first use
+    # int4 / int8 packing helpers live in rocjit.ops.int_quant, loaded on first use
     import importlib
-    for mod in ("gemv", "skinny", "int_quant"):
-        try:
-            m = importlib.import_module(f"rocjit.ops.{mod}")
-        except ImportError:
-            continue
-        if hasattr(m, name):
-            return getattr(m, name)
+    m = importlib.import_module("rocjit.ops.int_quant")
+    if name in getattr(m, "__all__", ()) or (not name.startswith("_") and hasattr(m, name)):
+        return getattr(m, name)
     raise AttributeError(f"module 'rocjit.ops' has no attribute {name!r}")

@@ -192,6 +192,22 @@ def from_torch(t, framework: str):
     return host.numpy()
 
 
+def copy_back(dest, y, framework: str):
+    """out= given as a numpy array gets the result copied in (cupy / DLPack outs were written in place)."""
+    if framework == "numpy":
+        import numpy as np
+        np.copyto(dest, from_torch(y, "numpy"))
+    return dest
+
+
+def check_float(op: str, name: str, v) -> float:
+    """A Python / numpy real number as a float, or a TypeError naming the argument."""
+    import numbers
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{op}: {name} must be a float, got {type(v).__name__} {v!r}")
+    return float(v)
+
+
 def convert_outputs(result, framework: str):
     if framework == "torch":
         return result
@@ -248,16 +264,6 @@ def module(filename: str):
     """The library's kernel source as a rocjit.Module (one per file)."""
     from rocjit.kernel import Module
     return Module(filename)
-
-
-def register_custom_ops():
-    """Register every torch.ops.rocjit.* op now (needed before torch.compile traces a first call)."""
-    import importlib
-    norm, quant, swiglu = (importlib.import_module(f"rocjit.ops.{m}") for m in ("norm", "quant", "swiglu"))
-    norm._torch_op()
-    swiglu._torch_op()
-    for name in quant._OP_FUNCTIONS:
-        quant._torch_op(name)
 
 
 def ceil_div(a: int, b: int) -> int:

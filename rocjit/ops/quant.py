@@ -13,17 +13,15 @@ x is [..., K] (2-D for the weight and dual forms), float16 or bfloat16, contiguo
 from typing import Optional
 
 from rocjit.ops import _common as C
+from rocjit.ops._op import UNRECORDED, op
 
 BLOCK = 128
-_kernels = {}
+_SRC = "quant_fp8.hip"
 _ROW_BLOCKS, _COL_BLOCKS, _TILE = 1, 2, 4
 
 
 def _kernel(name):
-    k = _kernels.get(name)
-    if k is None:
-        k = _kernels[name] = C.module("quant_fp8.hip")[name]
-    return k
+    return C.module(_SRC)[name]
 
 
 def _prepare(op, x, fp8_format, block=BLOCK, two_d=False):
@@ -38,124 +36,80 @@ def _prepare(op, x, fp8_format, block=BLOCK, two_d=False):
     return xt, fw, C.fp8_format(fp8_format, xt.device)
 
 
-def quantize_fp8(x, *, scale=None, granularity="tensor", block=BLOCK, fp8_format=None):
-    op = "quantize_fp8"
-    if granularity not in ("tensor", "token", "block"):
-        raise ValueError(f"{op}: granularity must be 'tensor', 'token' or 'block', got {granularity!r}")
-    xt, fw, fmt = _prepare(op, x, fp8_format, block)
-    tm = C.torch()
-    if scale is not None:
-        if granularity != "tensor":
-            raise ValueError(f"{op}: a static scale= goes with granularity='tensor'")
-        if not isinstance(scale, tm.Tensor):
-            scale = tm.tensor([float(scale)], dtype=tm.float32, device=xt.device)
-        C.check_tensor(op, "scale", scale, dtypes=(tm.float32,), device=xt.device)
-        if scale.numel() != 1:
-            raise ValueError(f"{op}: scale must hold one element, got shape {tuple(scale.shape)}")
-    mode = "static" if scale is not None else granularity
-    if C.compiling():
-        q, s = _torch_op("quantize_fp8")(xt, scale, mode, fmt)
-    else:
-        q, s = _quantize(xt, scale, mode, fmt)
-        if mode == "static":
-            s = scale
-    return C.convert_outputs((q, s), fw)
-
-
-def _quantize(x, scale, mode, fmt):
+def _quantize(call, x, scale, mode, fmt):
     tm = C.torch()
     K = x.shape[-1]
     rows = x.numel() // K if K else 0
-    q = tm.empty(x.shape, dtype=C.fp8_torch_dtype(fmt), device=x.device)
+    q = call.empty(x.shape, C.fp8_torch_dtype(fmt), x.device)
     if mode == "block":
-        s = tm.empty((rows, C.ceil_div(K, BLOCK)), dtype=tm.float32, device=x.device)
+        s = call.empty((rows, C.ceil_div(K, BLOCK)), tm.float32, x.device)
         if rows and K:
-            _blocks(x.view(rows, K), q.view(rows, K), s, None, None, _ROW_BLOCKS, fmt)
+            _blocks(call, x, q, s, None, None, _ROW_BLOCKS, fmt, rows, K)
         return q, s
-    s = tm.empty((rows, 1) if mode == "token" else (1,), dtype=tm.float32, device=x.device)
+    s = call.empty((rows, 1) if mode == "token" else (1,), tm.float32, x.device)
     if rows == 0 or K == 0:
         if mode == "tensor":
+            call.forget()                    # a fill, not a launch: not something a plan replays
             s.fill_(1e-12 / C.fp8_max(fmt))
         return q, s
     dev = x.device.index or 0
     info = C.device_info(dev)
-    dummy = C.dummy_f32(dev)
+    dummy = call.const(C.dummy_f32(dev))
     T = C.kernel_type(x.dtype)
     is_aligned = K % 8 == 0 and C.aligned(x, q)
     partials, nparts = dummy, 0
     qmode = {"static": 1, "token": 2, "tensor": 3}[mode]
     if mode == "tensor":
         nparts = min(1024, 4 * info["sms"], max(1, C.ceil_div(x.numel(), 512 * 8)))
-        partials = tm.empty(nparts, dtype=tm.float32, device=x.device)
+        partials = call.empty((nparts,), tm.float32, x.device)
         flat_aligned = x.numel() % 8 == 0 and C.aligned(x)
-        _kernel(f"amax_kernel<{T}, 512, {C.cbool(flat_aligned)}>")[nparts, 512](partials, x, x.numel())
+        call.launch(_kernel(f"amax_kernel<{T}, 512, {C.cbool(flat_aligned)}>"), nparts, 512, partials, x, x.numel())
     threads, blk, per_thread, tiles = C.row_config(C.ceil_div(K, 8), rows, info["sms"], info["wave"],
                                                    reduce=mode == "token")
     name = f"quant_rows_kernel<{T}, {C.fp8_tag(fmt)}, {qmode}, {threads}, {blk}, {per_thread}, {C.cbool(is_aligned)}>"
     grid = C.ceil_div(rows * tiles, blk // threads)
     scale_in = scale if mode == "static" else partials
-    _kernel(name)[grid, blk](q, s if mode != "static" else dummy, x, scale_in, rows, K, tiles, nparts)
+    call.launch(_kernel(name), grid, blk, q, s if mode != "static" else dummy, x, scale_in, rows, K, tiles, nparts)
     return q, s
 
 
-def _blocks(x, q_row, s_row, q_col, s_col, kmode, fmt):
-    """Launch quant_blocks_kernel on a contiguous [M, K] x."""
-    M, K = x.shape
+def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K):
+    """Launch quant_blocks_kernel on a contiguous x read as [M, K]."""
     dev = x.device.index or 0
-    dummy = C.dummy_f32(dev)
+    dummy = call.const(C.dummy_f32(dev))
     tile_rows = BLOCK if kmode & (_COL_BLOCKS | _TILE) else (16 if M <= 2048 else 64)
     outs = [t for t in (q_row, q_col) if t is not None]
     is_aligned = K % 8 == 0 and C.aligned(x) and C.aligned(*outs, to=8)
     name = (f"quant_blocks_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {kmode}, {tile_rows}, "
             f"{C.cbool(is_aligned)}>")
     grid = (C.ceil_div(K, BLOCK), C.ceil_div(M, tile_rows))
-    _kernel(name)[grid, 256](q_row if q_row is not None else q_col, s_row if s_row is not None else dummy,
-                             q_col if q_col is not None else q_row, s_col if s_col is not None else dummy, x, M, K)
+    call.launch(_kernel(name), grid, 256, q_row if q_row is not None else q_col,
+                s_row if s_row is not None else dummy, q_col if q_col is not None else q_row,
+                s_col if s_col is not None else dummy, x, M, K)
 
 
-def quantize_fp8_weight(w, *, block=BLOCK, fp8_format=None):
-    op = "quantize_fp8_weight"
-    wt, fw, fmt = _prepare(op, w, fp8_format, block, two_d=True)
-    if C.compiling():
-        return C.convert_outputs(tuple(_torch_op("quantize_fp8_weight")(wt, fmt)), fw)
-    return C.convert_outputs(_weight(wt, fmt), fw)
-
-
-def _weight(w, fmt):
+def _weight(call, w, fmt):
     tm = C.torch()
     N, K = w.shape
-    q = tm.empty(w.shape, dtype=C.fp8_torch_dtype(fmt), device=w.device)
-    s = tm.empty((C.ceil_div(N, BLOCK), C.ceil_div(K, BLOCK)), dtype=tm.float32, device=w.device)
+    q = call.empty(w.shape, C.fp8_torch_dtype(fmt), w.device)
+    s = call.empty((C.ceil_div(N, BLOCK), C.ceil_div(K, BLOCK)), tm.float32, w.device)
     if N and K:
-        _blocks(w, q, s, None, None, _TILE, fmt)
+        _blocks(call, w, q, s, None, None, _TILE, fmt, N, K)
     return q, s
 
 
-def quantize_fp8_dual(x, *, block=BLOCK, fp8_format=None):
-    op = "quantize_fp8_dual"
-    xt, fw, fmt = _prepare(op, x, fp8_format, block, two_d=True)
-    if C.compiling():
-        return C.convert_outputs(tuple(_torch_op("quantize_fp8_dual")(xt, fmt)), fw)
-    return C.convert_outputs(_dual(xt, fmt), fw)
-
-
-def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS):
+def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED):
     """kmode selects row blocks, column blocks or both (the benchmark's separate launches use one each)."""
     tm = C.torch()
     M, K = x.shape
     f8 = C.fp8_torch_dtype(fmt)
-    q_row = tm.empty(x.shape, dtype=f8, device=x.device) if kmode & _ROW_BLOCKS else None
-    s_row = tm.empty((M, C.ceil_div(K, BLOCK)), dtype=tm.float32, device=x.device) if kmode & _ROW_BLOCKS else None
-    q_col = tm.empty(x.shape, dtype=f8, device=x.device) if kmode & _COL_BLOCKS else None
-    s_col = tm.empty((C.ceil_div(M, BLOCK), K), dtype=tm.float32, device=x.device) if kmode & _COL_BLOCKS else None
+    q_row = call.empty(x.shape, f8, x.device) if kmode & _ROW_BLOCKS else None
+    s_row = call.empty((M, C.ceil_div(K, BLOCK)), tm.float32, x.device) if kmode & _ROW_BLOCKS else None
+    q_col = call.empty(x.shape, f8, x.device) if kmode & _COL_BLOCKS else None
+    s_col = call.empty((C.ceil_div(M, BLOCK), K), tm.float32, x.device) if kmode & _COL_BLOCKS else None
     if M and K:
-        _blocks(x, q_row, s_row, q_col, s_col, kmode, fmt)
+        _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K)
     return q_row, s_row, q_col, s_col
-
-
-def _torch_op(name):
-    """torch.ops.rocjit.quantize_fp8 / quantize_fp8_weight / quantize_fp8_dual (what torch.compile traces)."""
-    return C.custom_op(name, _OP_FUNCTIONS[name])
 
 
 def _quantize_op():
@@ -163,7 +117,7 @@ def _quantize_op():
     Tensor = tm.Tensor
 
     def impl(x: Tensor, scale: Optional[Tensor], mode: str, fmt: str) -> tuple[Tensor, Tensor]:
-        q, s = _quantize(x, scale, mode, fmt)
+        q, s = _quantize(UNRECORDED, x, scale, mode, fmt)
         return q, (scale.clone() if mode == "static" else s)
 
     def fake(x, scale, mode, fmt):
@@ -180,7 +134,7 @@ def _weight_op():
     Tensor = tm.Tensor
 
     def impl(w: Tensor, fmt: str) -> tuple[Tensor, Tensor]:
-        return _weight(w, fmt)
+        return _weight(UNRECORDED, w, fmt)
 
     def fake(w, fmt):
         N, K = w.shape
@@ -206,4 +160,46 @@ def _dual_op():
     return impl, fake
 
 
-_OP_FUNCTIONS = {"quantize_fp8": _quantize_op, "quantize_fp8_weight": _weight_op, "quantize_fp8_dual": _dual_op}
+@op(roles="TTOOO", sources=(_SRC,), bench="quant", custom_op=_quantize_op)
+def quantize_fp8(call, x, *, scale=None, granularity="tensor", block=BLOCK, fp8_format=None):
+    """x -> (q, s) with x ~= q * s: static per-tensor (scale=), dynamic per tensor, per row ("token") or per
+    1 x 128 block along the last dimension ("block")."""
+    name = "quantize_fp8"
+    if granularity not in ("tensor", "token", "block"):
+        raise ValueError(f"{name}: granularity must be 'tensor', 'token' or 'block', got {granularity!r}")
+    xt, fw, fmt = _prepare(name, x, fp8_format, block)
+    tm = C.torch()
+    if scale is not None:
+        if granularity != "tensor":
+            raise ValueError(f"{name}: a static scale= goes with granularity='tensor'")
+        if not isinstance(scale, tm.Tensor):
+            scale = tm.tensor([float(scale)], dtype=tm.float32, device=xt.device)
+        C.check_tensor(name, "scale", scale, dtypes=(tm.float32,), device=xt.device)
+        if scale.numel() != 1:
+            raise ValueError(f"{name}: scale must hold one element, got shape {tuple(scale.shape)}")
+    mode = "static" if scale is not None else granularity
+    if C.compiling():
+        q, s = quantize_fp8.__rocjit_op__.torch_op()(xt, scale, mode, fmt)
+    else:
+        q, s = _quantize(call, xt, scale, mode, fmt)
+        if mode == "static":
+            s = scale
+    return call.done(C.convert_outputs((q, s), fw))
+
+
+@op(roles="TOO", sources=(_SRC,), bench="quant", custom_op=_weight_op)
+def quantize_fp8_weight(call, w, *, block=BLOCK, fp8_format=None):
+    """w [N, K] -> (q, s) with 128 x 128 tile scales s [ceil(N/128), ceil(K/128)]."""
+    wt, fw, fmt = _prepare("quantize_fp8_weight", w, fp8_format, block, two_d=True)
+    if C.compiling():
+        return C.convert_outputs(tuple(quantize_fp8_weight.__rocjit_op__.torch_op()(wt, fmt)), fw)
+    return call.done(C.convert_outputs(_weight(call, wt, fmt), fw))
+
+
+@op(roles="TOO", sources=(_SRC,), bench="quant", custom_op=_dual_op)
+def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None):
+    """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read."""
+    xt, fw, fmt = _prepare("quantize_fp8_dual", x, fp8_format, block, two_d=True)
+    if C.compiling():
+        return C.convert_outputs(tuple(quantize_fp8_dual.__rocjit_op__.torch_op()(xt, fmt)), fw)
+    return call.done(C.convert_outputs(_dual(xt, fmt, call=call), fw))

@@ -13,13 +13,11 @@ fp16/bf16 weights run on matrix cores where the GPU has them (skinny_gemm.hip wi
 portable kernel (gemv.hip: P threads per team of RT rows, shuffle reductions, int8/int4 dequantized in
 registers); the tuner picks per shape bucket.
 """
-import functools
-import sys
 from typing import Optional
 
-from rocjit import tune
 from rocjit.ops import _common as C
-from rocjit.ops import skinny
+from rocjit.ops import _gemm as G
+from rocjit.ops._op import UNRECORDED, op
 
 MAX_BATCH = 8
 GROUP_SIZES = (32, 64, 128)
@@ -34,10 +32,10 @@ def _candidates(kind: str, B: int, N: int, K: int, target: str, sms: int) -> tup
                                      (32, 4, 2, 4))
                  if B <= 2]
     default = {"path": "portable", "p": 32 if K >= 4096 else 16, "rows": 4 if K >= 4096 else 8, "unroll": 4}
-    if kind in ("f16", "bf16") and skinny.has_matrix_path(target, fp8=False):
+    if kind in ("f16", "bf16") and G.has_matrix_path(target, fp8=False):
         # the streamed kernel never beat the portable one at B = 1 (H100 sweep); it can at B > 1
-        stream = skinny.stream_candidates(B, N, K, sms) if B > 1 and skinny.has_stream_path(target) else []
-        return portable + skinny.mma_candidates(B, N, K, sms) + stream, default
+        stream = G.stream_candidates(B, N, K, sms) if B > 1 and G.has_stream_path(target) else []
+        return portable + G.mma_candidates(B, N, K, sms) + stream, default
     return portable, default
 
 
@@ -117,58 +115,46 @@ def _check(w, x, w_scale, w_zero, group_size, out):
 _WK = {"f16": "gemv::w_f16", "bf16": "gemv::w_bf16", "i8": "gemv::w_i8", "i4": "gemv::w_i4"}
 
 
-def _launch(w, x, w_scale, w_zero, group_size, out):
-    import torch
+def _run(call, w, x, w_scale, w_zero, group_size, out):
     kind, B, N, K, oshape = _check(w, x, w_scale, w_zero, group_size, out)
-    x = skinny.aligned_operands("gemv", x.contiguous(), w, out)
+    x = G.aligned_operands("gemv", x.contiguous(), w, out)
     if out is None:
-        out = torch.empty(oshape, dtype=x.dtype, device=x.device)
-    target, devname, sms = skinny._device(x.device.index or 0)
+        out = call.empty(oshape, x.dtype, x.device)
+    target, devname, sms = G._device(x.device.index or 0)
     cands, default = _candidates(kind, B, N, K, target, sms)
-    x2, o2 = x.view(B, K), out.view(B, N)
 
-    def run(cfg, w=w):
-        return run_config(cfg, kind, x2, w, o2, w_scale, w_zero, group_size, target, sms)
-
-    copies = []
-
-    def bench(cfg):
-        if not copies:
-            copies.extend(tune.rotation_copies(w))
-        return tune.time_graph([functools.partial(run, cfg, c) for c in copies])
+    def run(cfg, w=w, call=UNRECORDED):
+        return run_config(cfg, kind, x, w, out, w_scale, w_zero, group_size, target, sms, call)
 
     dtype = f"{kind}-{str(x.dtype).replace('torch.', '')}" + (f"-g{group_size}" if kind == "i4" else "")
-    cfg = tune.pick("gemv", bucket=tune.bucket(b=B, n=N, k=K), dtype=dtype, device=devname,
-                    src_hash=skinny.src_hash(), candidates=cands, default=default, bench=bench)
-    run(cfg)
+    cfg = G.tuned("gemv", bucket=G.tune.bucket(b=B, n=N, k=K), dtype=dtype, device=devname, candidates=cands,
+                  default=default, run=run, w=w)
+    run(cfg, w, call)
     return out
 
 
-def run_config(cfg: dict, kind: str, x2, w, o2, w_scale, w_zero, group_size, target: str, sms: int):
-    """One launch of candidate `cfg`: x2 [B, K] -> o2 [B, N] (the tuner's candidates and the tests run this)."""
-    B, K = x2.shape
-    N = o2.shape[1]
+def run_config(cfg: dict, kind: str, x, w, out, w_scale, w_zero, group_size, target: str, sms: int,
+               call=UNRECORDED):
+    """One launch of candidate `cfg`: x [K] or [B, K] -> out [N] or [B, N] (the tuner's candidates and the tests
+    run this). Tensors are passed as they are, never as views, so an eager call can record them."""
+    K = x.shape[-1]
+    B, N = x.numel() // K, w.shape[0]
     if cfg["path"] == "mma":
-        return skinny.launch_mma(x2, w, o2, None, None, B, N, K, cfg, target, 32 if target.startswith("sm_") else 64)
+        return G.launch_mma(x, w, out, None, None, B, N, K, cfg, target, 32 if target.startswith("sm_") else 64, call)
     if cfg["path"] == "stream":
-        return skinny.launch_stream(x2, w, o2, None, None, B, N, K, cfg, sms)
-    st = skinny.ctype(w_scale.dtype) if w_scale is not None else "float"
-    return skinny.launch_portable(x2, skinny.ctype(x2.dtype), _WK[kind], w, o2, w_scale, w_zero, group_size or 0,
-                                  1, None, st, B, N, K, cfg)
+        return G.launch_stream(x, w, out, None, None, B, N, K, cfg, sms, call)
+    st = G.ctype(w_scale.dtype) if w_scale is not None else "float"
+    return G.launch_portable(x, G.ctype(x.dtype), _WK[kind], w, out, w_scale, w_zero, group_size or 0,
+                             G.SCALE_W_PER_COLUMN, None, st, B, N, K, cfg, call)
 
 
-def _torch_op():
-    """torch.ops.rocjit.gemv (what torch.compile traces)."""
-    return C.custom_op("gemv", _op_functions)
-
-
-def _op_functions():
+def _custom_op():
     """(impl, fake) of torch.ops.rocjit.gemv."""
     tm = C.torch()
     Tensor = tm.Tensor
 
     def impl(w: Tensor, x: Tensor, w_scale: Optional[Tensor], w_zero: Optional[Tensor], group_size: int) -> Tensor:
-        return _launch(w, x, w_scale, w_zero, group_size or None, None)
+        return _run(UNRECORDED, w, x, w_scale, w_zero, group_size or None, None)
 
     def fake(w, x, w_scale, w_zero, group_size):
         return x.new_empty(tuple(x.shape[:-1]) + (w.shape[0],))
@@ -176,32 +162,24 @@ def _op_functions():
     return impl, fake
 
 
-def gemv(w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
-    """y = W x (see the module docstring for the weight formats). x [K] -> y [N]; x [B <= 8, K] -> y [B, N].
+@op(roles="TTTTOT", sources=(G.SRC, G.GEMV_SRC), bench="gemv", custom_op=_custom_op)
+def gemv(call, w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
+    """y = W x (see rocjit.ops.matvec for the weight formats). x [K] -> y [N]; x [B <= 8, K] -> y [B, N].
     Inputs may be torch, cupy or numpy arrays; y comes back in x's framework."""
-    op = "gemv"
-    xt, fw = C.to_torch(x, "x", op)
-    wt = C.to_torch(w, "w", op)[0]
-    st = C.to_torch(w_scale, "w_scale", op)[0] if w_scale is not None else None
-    zt = C.to_torch(w_zero, "w_zero", op)[0] if w_zero is not None else None
-    ot = C.to_torch(out, "out", op)[0] if out is not None else None
+    name = "gemv"
+    xt, fw = C.to_torch(x, "x", name)
+    wt = C.to_torch(w, "w", name)[0]
+    st = C.to_torch(w_scale, "w_scale", name)[0] if w_scale is not None else None
+    zt = C.to_torch(w_zero, "w_zero", name)[0] if w_zero is not None else None
+    ot = C.to_torch(out, "out", name)[0] if out is not None else None
     if C.compiling():
         _check(wt, xt, st, zt, group_size, ot)
-        y = _torch_op()(wt, xt, st, zt, int(group_size or 0))
+        y = gemv.__rocjit_op__.torch_op()(wt, xt, st, zt, int(group_size or 0))
         if ot is not None:
             ot.copy_(y)
             y = ot
     else:
-        _torch_op()   # registered eagerly: torch.compile cannot register it while tracing
-        y = _launch(wt, xt, st, zt, group_size, ot)
-    if out is not None and fw == "numpy":
-        import numpy as np
-        np.copyto(out, C.from_torch(y, "numpy"))
-        return out
+        y = _run(call, wt, xt, st, zt, group_size, ot)
     if out is not None and fw != "torch":
-        return out
-    return C.convert_outputs(y, fw)
-
-
-if "torch" in sys.modules:     # torch already loaded: register now, so a first call under torch.compile finds it
-    _torch_op()
+        return C.copy_back(out, y, fw)
+    return call.done(C.convert_outputs(y, fw))

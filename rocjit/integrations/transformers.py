@@ -1,0 +1,242 @@
+"""Run a Hugging Face transformers model's decoder on rocjit ops, in place, and undo it.
+
+    from rocjit.integrations import transformers as rt
+    rt.patch(model)                 # bf16 / fp16: fused norms, residual adds fused into the norms, rocjit MLP
+    rt.patch(model, fp8=True)       # + FP8 decode GEMMs (weights quantized once, per output channel)
+    ...model.generate(...)...       # DynamicCache; StaticCache + torch.compile(fullgraph=True) too
+    rt.unpatch(model)
+
+What changes, for the Llama, Mistral, Qwen2 and Qwen3 families (decoder layers with input_layernorm,
+self_attn, post_attention_layernorm and a SwiGLU mlp):
+- every RMSNorm of the model -> ``ops.rms_norm`` (q_norm / k_norm of Qwen3 included);
+- each decoder layer adds the attention output to the residual stream inside the post-attention norm
+  (one kernel reads both and writes the sum and the normalized rows);
+- each MLP, for at most ``ops.skinny.MAX_M`` (32) tokens: one ``skinny_gemm`` over gate and up weights stored
+  as one [2I, H] matrix (gate_proj.weight and up_proj.weight become views of it; nothing is copied twice),
+  ``swiglu``, and ``skinny_gemm`` for down; more tokens (prefill) use the model's own code;
+- with ``fp8=True``: the MLP and the attention projections keep an FP8 copy of their weights (e4m3, one scale per
+  output channel); at decode the post-attention norm writes FP8 activations with per-token scales that the gate/up
+  GEMM reads directly, swiglu quantizes per token for down, and each attention projection quantizes its input per
+  token. The bf16 weights stay (prefill uses them, and ``unpatch`` gives the model back unchanged).
+Anything that needs gradients (``requires_grad`` inputs with grad enabled) runs the stock code.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+
+_ATTR = "_rocjit_patch"
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+_LAYER_PARAMS = ["self", "hidden_states", "attention_mask", "position_ids", "past_key_values", "use_cache",
+                 "position_embeddings"]
+
+
+class PatchError(ValueError):
+    """The model is not one this integration knows how to patch (the message says why)."""
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _ops():
+    from rocjit import ops
+    return ops
+
+
+def _grad(t) -> bool:
+    return t.requires_grad and _torch().is_grad_enabled()
+
+
+# ----------------------------------------------------------------------------- weights
+def quantize_weight_fp8(w, fmt: str = "e4m3fn"):
+    """(q [N, K] fp8, scale [N] float32) with w ~= q * scale[:, None]: one scale per output channel."""
+    torch = _torch()
+    from rocjit.ops import _common as C
+    wf = w.detach().float()
+    fmax = C.fp8_max(fmt)
+    scale = (wf.abs().amax(dim=1) / fmax).clamp(min=1e-12)
+    q = (wf / scale[:, None]).clamp(-fmax, fmax).to(C.fp8_torch_dtype(fmt))
+    return q.contiguous(), scale.contiguous()
+
+
+def _fp8_format(device) -> str:
+    """The device's native e4m3 flavour (e4m3fnuz on MI300X); e4m3fn off the GPU."""
+    from rocjit.ops import _common as C
+    return C.fp8_format(None, device) if device.type == "cuda" else "e4m3fn"
+
+
+# ----------------------------------------------------------------------------- forwards
+def _norm_forward(self, hidden_states):
+    if _grad(hidden_states) or not hidden_states.is_cuda:
+        return self._rocjit_orig_forward(hidden_states)
+    return _ops().rms_norm(hidden_states, self.weight, self._rocjit_eps)
+
+
+def _mlp_forward(self, x):
+    p = getattr(self, _ATTR)
+    rows = x.numel() // x.shape[-1]
+    if rows > p["max_m"] or _grad(x) or not x.is_cuda:
+        return p["orig"](x)
+    ops = _ops()
+    x2 = x.reshape(rows, x.shape[-1])
+    if p["fp8"]:
+        q, s = ops.quantize_fp8(x2, granularity="token", fp8_format=p["fmt"])
+        y = _mlp_fp8(self, p, q, s)
+    else:
+        gu = ops.skinny_gemm(x2, p["gate_up"])
+        y = ops.skinny_gemm(ops.swiglu(gu), self.down_proj.weight)
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _mlp_fp8(mlp, p, q, s):
+    """gate/up GEMM on FP8 activations with per-row scales -> swiglu + per-token FP8 -> down GEMM (bf16 out)."""
+    ops = _ops()
+    gu = ops.skinny_gemm(q, p["gate_up_fp8"], scale_a=s.view(-1), scale_w=p["gate_up_scale"], out_dtype=p["dtype"])
+    h, hs = ops.swiglu(gu, quant="per_token", fp8_format=p["fmt"])
+    return ops.skinny_gemm(h, p["down_fp8"], scale_a=hs.view(-1), scale_w=p["down_scale"], out_dtype=p["dtype"])
+
+
+def _linear_fp8_forward(self, x):
+    p = getattr(self, _ATTR)
+    rows = x.numel() // x.shape[-1]
+    if rows > p["max_m"] or _grad(x) or not x.is_cuda:
+        return p["orig"](x)
+    ops = _ops()
+    q, s = ops.quantize_fp8(x.reshape(rows, x.shape[-1]), granularity="token", fp8_format=p["fmt"])
+    y = ops.skinny_gemm(q, p["w"], scale_a=s.view(-1), scale_w=p["scale"], out_dtype=x.dtype)
+    if self.bias is not None:
+        y = y + self.bias
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                   use_cache=False, position_embeddings=None, **kwargs):
+    p = getattr(self, _ATTR)
+    if _grad(hidden_states) or not hidden_states.is_cuda:
+        return p["orig"](hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+                         position_embeddings, **kwargs)
+    ops = _ops()
+    ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+    h = ops.rms_norm(hidden_states, ln1.weight, ln1._rocjit_eps)
+    attn, _ = self.self_attn(hidden_states=h, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, use_cache=use_cache,
+                             position_embeddings=position_embeddings, **kwargs)
+    # attn is this layer's own fresh tensor: it receives the residual sum in place, the input stays untouched
+    mlp = self.mlp
+    mp = getattr(mlp, _ATTR)
+    rows = hidden_states.numel() // hidden_states.shape[-1]
+    if mp["fp8"] and rows <= mp["max_m"]:
+        q, s, hsum = ops.rms_norm(hidden_states.reshape(rows, -1), ln2.weight, ln2._rocjit_eps,
+                                  residual=attn.reshape(rows, -1), quant="per_token", fp8_format=mp["fmt"])
+        y = _mlp_fp8(mlp, mp, q, s)
+        return hsum.add_(y).view(hidden_states.shape)
+    normed, hsum = ops.rms_norm(hidden_states, ln2.weight, ln2._rocjit_eps, residual=attn)
+    return hsum.add_(mlp(normed))
+
+
+# ----------------------------------------------------------------------------- patch / unpatch
+def _is_rmsnorm(m) -> bool:
+    name = type(m).__name__
+    return name.endswith("RMSNorm") and getattr(m, "weight", None) is not None and \
+        hasattr(m, "variance_epsilon") and not name.startswith("Gemma")
+
+
+def _decoder_layers(model):
+    layers = [m for m in model.modules() if all(hasattr(m, a) for a in
+                                                 ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp"))]
+    return layers
+
+
+def _check_model(model, layers):
+    mtype = getattr(getattr(model, "config", None), "model_type", None)
+    if mtype not in FAMILIES:
+        raise PatchError(f"rocjit.integrations.transformers patches the {', '.join(FAMILIES)} families; "
+                         f"this model's config.model_type is {mtype!r}")
+    if not layers:
+        raise PatchError("no decoder layers (input_layernorm / self_attn / post_attention_layernorm / mlp) found")
+    for layer in layers:
+        params = list(inspect.signature(type(layer).forward).parameters)
+        if params[:len(_LAYER_PARAMS)] != _LAYER_PARAMS:
+            raise PatchError(f"{type(layer).__name__}.forward takes {params}; this integration knows the "
+                             f"transformers 5 decoder layer ({', '.join(_LAYER_PARAMS[1:])}, **kwargs)")
+        mlp = layer.mlp
+        act = getattr(getattr(mlp, "config", None), "hidden_act", "silu")
+        if not all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj")) or act != "silu":
+            raise PatchError(f"{type(mlp).__name__} is not a SwiGLU MLP (gate_proj / up_proj / down_proj, silu)")
+        if any(getattr(mlp, a).bias is not None for a in ("gate_proj", "up_proj", "down_proj")):
+            raise PatchError(f"{type(mlp).__name__} has biases; the rocjit MLP has none")
+
+
+def is_patched(model) -> bool:
+    return getattr(model, _ATTR, None) is not None
+
+
+def patch(model, *, fp8: bool = False, max_m: int | None = None):
+    """Patch `model` in place (see the module docstring) and return it. The model must be in float16 or bfloat16
+    (move it to the GPU first: the FP8 copies are made where the weights are; calls whose inputs are not on a GPU
+    run the stock code). Patching twice is an error; ``unpatch`` first."""
+    torch = _torch()
+    from rocjit.ops import skinny
+    if is_patched(model):
+        raise PatchError("the model is already patched by rocjit; call unpatch(model) first")
+    layers = _decoder_layers(model)
+    _check_model(model, layers)
+    p0 = next(model.parameters())
+    if p0.dtype not in (torch.float16, torch.bfloat16):
+        raise PatchError(f"patch needs a float16 or bfloat16 model, got {p0.dtype}")
+    max_m = skinny.MAX_M if max_m is None else int(max_m)
+    if not 1 <= max_m <= skinny.MAX_M:
+        raise PatchError(f"max_m must be 1..{skinny.MAX_M}, got {max_m}")
+    fmt = _fp8_format(p0.device) if fp8 else None
+    patched = []
+    with torch.no_grad():
+        for m in model.modules():
+            if _is_rmsnorm(m):
+                m._rocjit_eps = float(m.variance_epsilon)
+                m._rocjit_orig_forward = m.forward
+                m.forward = types.MethodType(_norm_forward, m)
+                patched.append(m)
+        for layer in layers:
+            mlp = layer.mlp
+            gate, up = mlp.gate_proj, mlp.up_proj
+            n = gate.weight.shape[0]
+            gate_up = torch.cat([gate.weight, up.weight]).contiguous()
+            gate.weight = torch.nn.Parameter(gate_up[:n], requires_grad=gate.weight.requires_grad)
+            up.weight = torch.nn.Parameter(gate_up[n:], requires_grad=up.weight.requires_grad)
+            mp = {"orig": mlp.forward, "gate_up": gate_up, "fp8": fp8, "fmt": fmt, "max_m": max_m,
+                  "dtype": p0.dtype}
+            if fp8:
+                mp["gate_up_fp8"], mp["gate_up_scale"] = quantize_weight_fp8(gate_up, fmt)
+                mp["down_fp8"], mp["down_scale"] = quantize_weight_fp8(mlp.down_proj.weight, fmt)
+                attn = layer.self_attn
+                for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                    lin = getattr(attn, name, None)
+                    if isinstance(lin, torch.nn.Linear):
+                        w, s = quantize_weight_fp8(lin.weight, fmt)
+                        setattr(lin, _ATTR, {"orig": lin.forward, "w": w, "scale": s, "fmt": fmt, "max_m": max_m})
+                        lin.forward = types.MethodType(_linear_fp8_forward, lin)
+                        patched.append(lin)
+            setattr(mlp, _ATTR, mp)
+            mlp.forward = types.MethodType(_mlp_forward, mlp)
+            setattr(layer, _ATTR, {"orig": layer.forward})
+            layer.forward = types.MethodType(_layer_forward, layer)
+            patched += [mlp, layer]
+    setattr(model, _ATTR, {"modules": patched, "fp8": fp8})
+    return model
+
+
+def unpatch(model):
+    """Give the model its own forwards back (and drop the FP8 weight copies). gate_proj / up_proj keep their
+    weights as views of one matrix: the same values, the same results."""
+    state = getattr(model, _ATTR, None)
+    if state is None:
+        raise PatchError("the model is not patched by rocjit")
+    for m in state["modules"]:
+        if "forward" in m.__dict__:
+            del m.forward
+        for a in (_ATTR, "_rocjit_orig_forward", "_rocjit_eps"):
+            m.__dict__.pop(a, None)
+    delattr(model, _ATTR)
+    return model

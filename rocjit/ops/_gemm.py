@@ -1,0 +1,262 @@
+"""GEMM host code shared by the GEMV and skinny-GEMM ops (and the GEMMs that will follow): device facts, type
+names, the tuner's candidate configurations, the launch helpers of each kernel path, operand alignment.
+
+Launch helpers take the op's `Call` (rocjit.ops._op) last, so an eager call records its launches and scratch
+tensors into a plan; the tuner and the tests pass nothing and just launch.
+"""
+import functools
+
+from rocjit import tune
+from rocjit.ops import _common as C
+from rocjit.ops._op import UNRECORDED
+
+SRC = "skinny_gemm.hip"
+GEMV_SRC = "gemv.hip"
+SCALE_W_PER_COLUMN, SCALE_A_PER_ROW = 1, 2        # the kernels' scale_modes bits
+
+
+# ----------------------------------------------------------------------------- device facts
+@functools.lru_cache(maxsize=None)
+def _device(dev: int) -> tuple[str, str, int]:
+    """(target, name, multiprocessor count) of a device."""
+    from rocjit import platform
+    plat = platform.get()
+    attrs = plat.device_attributes(dev)
+    sms = attrs.get("sm_count") or attrs.get("cu_count") or attrs.get("multiprocessor_count") or 100
+    return plat.device_target(dev), plat.device_name(dev), int(sms)
+
+
+def has_matrix_path(target: str, fp8: bool) -> bool:
+    """mma.sync needs sm_80 (bf16/f16) / sm_89 (e4m3); MFMA needs CDNA (gfx90a+; fp8 natively on gfx942/950)."""
+    if target.startswith("sm_"):
+        cc = int("".join(ch for ch in target[3:] if ch.isdigit()))
+        return cc >= (89 if fp8 else 80)
+    return target.startswith(("gfx90a", "gfx94", "gfx95"))
+
+
+def _kernel(src: str, name: str):
+    return C.module(src)[name]
+
+
+# ----------------------------------------------------------------------------- type names
+def _elem_kind(dtype) -> str:
+    import torch
+    if dtype == torch.bfloat16:
+        return "skinny::bf16_t"
+    if dtype == torch.float16:
+        return "skinny::f16_t"
+    return "skinny::e4m3_t"
+
+
+def ctype(dtype) -> str:
+    import torch
+    return {torch.bfloat16: "__hip_bfloat16", torch.float16: "__half", torch.float32: "float"}[dtype]
+
+
+def _is_fp8(dtype) -> bool:
+    import torch
+    return dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e4m3fnuz", None))
+
+
+# ----------------------------------------------------------------------------- configs
+_MMA_SHAPES = ((1, 8, 2), (2, 4, 2), (2, 8, 2), (1, 4, 4))   # (MT, WARPS_K, UNROLL) that won a first sweep
+_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def mma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
+    """Matrix-core configs worth timing: rows per warp (MT tiles of 16), warps splitting K in a block,
+    k-blocks in flight, and grid split-K (fills the GPU at small N and evens out the last wave; the
+    fp32 partials cost splits * M * N * 8 bytes of traffic)."""
+    out = []
+    nkb = -(-K * elem_bytes // 64)                      # 64-byte k-blocks per row
+    for mt, wk, un in _MMA_SHAPES:
+        blocks = -(-N // (16 * mt))
+        for splits in _SPLITS:
+            if splits > 1 and (blocks * splits > 24 * sms or nkb < splits * wk * un
+                               or splits * M * N * 8 > 0.1 * N * K * elem_bytes):
+                continue
+            out.append({"path": "mma", "mt": mt, "warps_k": wk, "unroll": un, "splits": splits})
+    return out
+
+
+def mma_default(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> dict:
+    """Built-in default: MT=1 (MT=2 from 16 rows up), enough splits for ~4 blocks per multiprocessor."""
+    mt = 2 if M > 8 else 1
+    blocks = -(-N // (16 * mt))
+    cands = [c for c in mma_candidates(M, N, K, sms, elem_bytes) if c["mt"] == mt]
+    splits = max((c["splits"] for c in cands if blocks * c["splits"] <= 4 * sms), default=1)
+    return {"path": "mma", "mt": mt, "warps_k": 8 if mt == 1 else 4, "unroll": 2, "splits": splits}
+
+
+# (MT, CW, BK bytes, PW): the configs that won somewhere in an H100 sweep of the seed shapes
+_STREAM_SHAPES = ((1, 4, 512, 4), (1, 4, 512, 2), (2, 4, 256, 4), (1, 8, 256, 4))
+_STREAM_SMEM = 227 * 1024 - 2048            # H100 opt-in shared memory per block, less static + barriers
+
+
+def has_stream_path(target: str) -> bool:
+    """The streamed kernel's mbarrier waits (try_wait.parity) need sm_90 (Hopper) or newer."""
+    if not target.startswith("sm_"):
+        return False
+    return int("".join(ch for ch in target[3:] if ch.isdigit())) >= 90
+
+
+def stream_stages(M: int, cfg: dict, smem: int = _STREAM_SMEM) -> int:
+    """Ring depth that fits the blocks per SM asked for (0 when fewer than 3 stages fit)."""
+    rows = 16 * cfg["mt"] * cfg["cw"] + 8 * -(-M // 8)
+    stages = min(8, (smem // cfg["cps"]) // (rows * (cfg["bk"] + 16)))
+    return stages if stages >= 3 else 0
+
+
+def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
+    """Persistent stream-K configs of skinny_stream_kernel: rows per consumer warp (MT tiles of 16),
+    consumer warps, bytes of K per chunk, producer warps, blocks per SM. ROCJIT_SKINNY_STREAM=0 turns the path off."""
+    import os
+    if os.environ.get("ROCJIT_SKINNY_STREAM", "1") == "0":
+        return []
+    out = []
+    for mt, cw, bk, pw in _STREAM_SHAPES:
+        if bk > 2 * K * elem_bytes and bk > 256:        # chunks mostly past the end of short rows
+            continue
+        if M > 16 and mt * cw < 8:                      # 32 activation rows per 64 weight rows: too much L2 traffic
+            continue
+        cfg = {"path": "stream", "mt": mt, "cw": cw, "bk": bk, "pw": pw, "cps": 1}
+        if stream_stages(M, cfg) >= 3:
+            out.append(cfg)
+    return out
+
+
+def portable_candidates(M: int) -> list[dict]:
+    return [{"path": "portable", "p": p, "rows": r, "unroll": u}
+            for p, r, u in ((32, 4, 2), (16, 8, 2), (8, 16, 2))]
+
+
+def _m_tiles(M: int, target: str) -> int:
+    rows = 8 if target.startswith("sm_") else 16       # activation rows per matrix instruction
+    return -(-M // rows)
+
+
+def _mb(M: int) -> int:
+    return 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8 if M <= 8 else 16 if M <= 16 else 32
+
+
+# ----------------------------------------------------------------------------- launches
+def scale_modes(M: int, N: int, scale_a, scale_w) -> int:
+    """The kernels' scale_modes: scale_w per output column when it has N > 1 elements, scale_a per row when M > 1."""
+    return (SCALE_W_PER_COLUMN if scale_w is not None and scale_w.numel() > 1 else 0) | \
+        (SCALE_A_PER_ROW if scale_a is not None and scale_a.numel() > 1 else 0)
+
+
+def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, target: str, wave: int,
+               call=UNRECORDED):
+    """C = A W^T (* scales) with skinny_gemm_kernel; split-K partials reduced by skinny_splitk_reduce."""
+    import torch
+    nt = _m_tiles(M, target)
+    mt, wk, un, splits = cfg["mt"], cfg["warps_k"], cfg["unroll"], cfg["splits"]
+    per16 = 16 // a.element_size()
+    nkb = -(-K // (4 * per16))
+    kb_per_split = -(-nkb // splits)
+    splits = -(-nkb // kb_per_split)
+    modes = scale_modes(M, N, scale_a, scale_w)
+    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}>"
+    grid = (-(-N // (16 * mt)), splits)
+    k = _kernel(SRC, name)
+    if splits == 1:
+        call.launch(k, grid, wk * wave, a, w, out, None, scale_a, scale_w, modes, M, N, K, kb_per_split)
+        return out
+    partial = call.empty((splits, M, N), torch.float32, a.device)
+    call.launch(k, grid, wk * wave, a, w, out, partial, scale_a, scale_w, modes, M, N, K, kb_per_split)
+    r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}>")
+    call.launch(r, -(-(M * N) // 256), 256, partial, out, scale_a, scale_w, modes, M, N, splits)
+    return out
+
+
+_tickets: dict = {}
+_spare_tickets: dict = {}
+
+
+def _tickets_for(device, tiles: int):
+    """Zeroed per-tile tickets of the stream kernel, one buffer per (device, stream): the kernel resets
+    each ticket it uses, so a buffer stays zero between launches and graph replays. A graph being
+    captured on a new stream takes a buffer zeroed beforehand (no memset captured into the graph)."""
+    import torch
+    size = max(tiles, 4096)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    buf = _tickets.get(key)
+    if buf is not None and buf.numel() >= size:
+        return buf
+    spares = _spare_tickets.setdefault(device.index, [])
+    if torch.cuda.is_current_stream_capturing():
+        fit = [b for b in spares if b.numel() >= size]
+        if not fit:
+            return torch.zeros(size, dtype=torch.int32, device=device)   # valid for this graph only
+        buf = fit[0]
+        spares.remove(buf)
+    else:
+        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        while len(spares) < 8:
+            spares.append(torch.zeros(max(size, 16384), dtype=torch.int32, device=device))
+    _tickets[key] = buf
+    return buf
+
+
+def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int, call=UNRECORDED):
+    """C = A W^T (* scales) with skinny_stream_kernel: one launch, stream-K, fixed-order fix-up. Its tickets
+    belong to the current stream, so a plan recorded here replays on that stream only."""
+    import torch
+    nt = -(-M // 8)
+    mt, cw, bk, pw, cps = cfg["mt"], cfg["cw"], cfg["bk"], cfg["pw"], cfg["cps"]
+    stages = cfg.get("stages") or stream_stages(M, cfg)
+    rows = 16 * mt * cw
+    tiles = -(-N // rows)
+    total = tiles * -(-K * a.element_size() // bk)
+    grid = max(1, min(sms * cps, total))
+    ws = call.empty((grid * 2 * cw * 32 * mt * nt * 4,), torch.float32, a.device)
+    smem = stages * (rows + 8 * nt) * (bk + 16) + 16 * stages
+    name = f"skinny_stream_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {cw}, {bk}, {stages}, {pw}>"
+    tickets = call.const(_tickets_for(a.device, tiles))
+    call.bind_stream()
+    call.launch(_kernel(SRC, name), grid, (cw + pw) * 32, a, w, out, ws, tickets, scale_a, scale_w,
+                scale_modes(M, N, scale_a, scale_w), M, N, K, shared_mem=smem)
+    return out
+
+
+def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, modes: int, scale_a,
+                    st: str, M: int, N: int, K: int, cfg: dict, call=UNRECORDED):
+    """gemv.hip's portable kernel: cfg p threads per team, rows (teams) per block, unroll, rt rows per team;
+    modes: the scale_modes bits (per-column w_scale, per-row scale_a)."""
+    p, rows, un, rt = cfg["p"], cfg["rows"], cfg["unroll"], cfg.get("rt", 1)
+    name = f"gemv_kernel<{xt}, {wk}, {st}, {ctype(out.dtype)}, {p}, {rows}, {_mb(M)}, {un}, {rt}>"
+    call.launch(_kernel(GEMV_SRC, name), -(-N // (rows * rt)), p * rows, w, x, out, w_scale, w_zero, group_size,
+                modes, scale_a, N, K, M)
+    return out
+
+
+def aligned_operands(op: str, a, w, out=None, call=UNRECORDED):
+    """The kernels move 16 bytes at a time: activations whose data pointer is not 16-byte aligned are copied to
+    fresh (aligned) memory; a misaligned weight matrix or out= is an error (copying a weight on every call would
+    hide a large cost, and out= must be written in place)."""
+    for name, t in (("w", w), ("out", out)):
+        if t is not None and not C.aligned(t):
+            raise ValueError(f"{op}: {name}'s data pointer {t.data_ptr():#x} is not 16-byte aligned (the kernels "
+                             f"move 16 bytes at a time); pass an aligned tensor, e.g. {name}.clone()")
+    return a if C.aligned(a) else a.clone()
+
+
+def tuned(op: str, *, bucket: str, dtype: str, device: str, candidates, default, run, w):
+    """The tuned (or shipped / built-in default) config; `run(cfg, w)` launches one candidate on weights w (the
+    tuner times it over copies of w rotated beyond L2, unrecorded)."""
+    copies = []
+
+    def bench(cfg):
+        if not copies:
+            copies.extend(tune.rotation_copies(w))
+        return tune.time_graph([functools.partial(run, cfg, c) for c in copies])
+
+    return tune.pick(op, bucket=bucket, dtype=dtype, device=device, src_hash=src_hash(), candidates=candidates,
+                     default=default, bench=bench)
+
+
+@functools.lru_cache(maxsize=1)
+def src_hash() -> str:
+    from rocjit.compiler import kernels_src_dir
+    return tune.source_hash(kernels_src_dir() / SRC, kernels_src_dir() / GEMV_SRC)

@@ -1,0 +1,316 @@
+"""The skeleton every op of the library stands on.
+
+An op is written once, as its full path: a function whose first parameter is a `Call` and whose other parameters
+are the public signature. ``@op(...)`` turns it into the public function and registers it:
+
+    @op(roles="TTS", sources=("my_op.hip",), bench="my_op")
+    def my_op(call, x, w, eps=1e-6):
+        "docstring of the public function"
+        ...checks that name the argument...
+        y = call.empty(x.shape, x.dtype, x.device)
+        call.launch(kernel, grid, block, y, x, w, eps, rows)
+        return call.done(y)
+
+What the skeleton gives every op:
+- **the eager fast path.** A call with torch tensors records what it did (the outputs it allocated and the
+  launches it made, each launch argument named as an op argument, an output or a constant) into the op's
+  native `Plans` (rocjit/launcher.c). A later call whose arguments match -- every tensor's dtype, shape, device,
+  contiguity and 16-byte alignment, each forwarded scalar's type, each option's value -- is replayed in C: one
+  allocation per output through torch's DLPack allocator and the same native launchers. Anything else takes the
+  full path again, so every check and every error message stays where it is written. `roles` says, per
+  parameter, what a call's key reads: ``T`` a tensor or None, ``S`` a float forwarded to the kernels as it is
+  (its value is not part of the key), ``O`` an option compared by value.
+- **safety of the record.** A launch argument that is a tensor the record does not know (a copy, a view, a
+  converted numpy array), an int that is not fixed by the key, or a call made while a CUDA graph is captured
+  leaves no plan. A plan that holds per-stream state (`Call.bind_stream`) is replayed on that stream only.
+- **torch.compile.** While dynamo traces, the public function runs the full path, which calls the op's
+  `torch.ops.rocjit.<name>` custom op (registered from the op's `custom_op` builder).
+- **one registry** (`REGISTRY`) that `rocjit.ops`' public names, custom-op registration, the bench suites and
+  the tests read: adding an op is its .hip, its module here, its bench and its tests.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+REGISTRY: dict[str, "Op"] = {}
+
+
+@dataclass
+class Op:
+    name: str
+    function: Callable                   # the public function
+    full: Callable                       # the full path, full(call, *args)
+    roles: str
+    sources: tuple = ()                  # kernels_src files the op compiles
+    bench: str | None = None             # `python -m rocjit bench <suite>` that measures it
+    custom_op: Callable | None = None    # () -> (impl, fake) of torch.ops.rocjit.<name>
+    mutates_args: tuple = ()
+    state: "_State" = None               # read by the public function on every call
+    plans: object = None                 # the native Plans, made at the first eager torch call
+
+    def torch_op(self):
+        """torch.ops.rocjit.<name>, registered on first use."""
+        from rocjit.ops import _common as C
+        if self.custom_op is None:
+            raise RuntimeError(f"{self.name} has no torch custom op")
+        return C.custom_op(self.name, self.custom_op, mutates_args=self.mutates_args)
+
+    def clear_plans(self):
+        if self.plans is not None:
+            self.plans.clear()
+
+
+class _State:
+    """What the generated public function reads on every call (two attribute loads)."""
+    __slots__ = ("call", "compiling")
+
+    def __init__(self):
+        self.call = None
+        self.compiling = _never
+
+
+def _never() -> bool:
+    return False
+
+
+def fast_path_enabled() -> bool:
+    return os.environ.get("ROCJIT_OP_PLANS", "1") != "0"
+
+
+def op(*, roles: str, sources=(), bench: str | None = None, custom_op: Callable | None = None,
+       mutates_args=(), name: str | None = None):
+    """Register `full(call, *params)` as an op and return its public function (same parameters, no `call`)."""
+    def deco(full):
+        op_name = name or full.__name__
+        if op_name in REGISTRY:
+            raise ValueError(f"op {op_name!r} is registered twice")
+        sig = inspect.signature(full)
+        params = list(sig.parameters.values())[1:]
+        if len(params) != len(roles):
+            raise ValueError(f"{op_name}: roles {roles!r} must have one letter per parameter ({len(params)})")
+        public = _public_function(op_name, full, params, sig)
+        entry = Op(op_name, public, full, roles, tuple(sources), bench, custom_op, tuple(mutates_args),
+                   public.__rocjit_state__)
+        entry.state.call = _python_path(entry)
+        public.__rocjit_op__ = entry
+        REGISTRY[op_name] = entry
+        return public
+    return deco
+
+
+def _public_function(op_name, full, params, sig):
+    """def <name>(<params as declared>): the plans (or the full path) called with every parameter by position."""
+    env = {}
+    defaults = {}
+    decl = []
+    star_done = False
+    for p in params:
+        if p.kind is p.KEYWORD_ONLY and not star_done:
+            decl.append("*")
+            star_done = True
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise ValueError(f"{op_name}: parameter {p.name} must be positional-or-keyword or keyword-only")
+        if p.default is p.empty:
+            decl.append(p.name)
+        else:
+            defaults[f"_d_{p.name}"] = p.default
+            decl.append(f"{p.name}=_d_{p.name}")
+    names = ", ".join(p.name for p in params)
+    src = (f"def {op_name}({', '.join(decl)}):\n"
+           f"    if state.compiling():\n"
+           f"        return full(UNRECORDED, {_call_args(params)})\n"
+           f"    return state.call({names})\n")
+    env.update(defaults)
+    env["UNRECORDED"] = UNRECORDED
+    env["full"] = full
+    holder = _State()
+    env["state"] = holder
+    exec(compile(src, f"<rocjit op {op_name}>", "exec"), env)
+    fn = env[op_name]
+    fn.__doc__ = full.__doc__
+    fn.__module__ = full.__module__
+    fn.__qualname__ = op_name
+    fn.__rocjit_state__ = holder
+    fn.__signature__ = sig.replace(parameters=params)
+    return fn
+
+
+def _call_args(params) -> str:
+    """The arguments of a call of the full path: keyword-only parameters by keyword."""
+    return ", ".join(p.name if p.kind is p.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}" for p in params)
+
+
+def _python_path(entry: Op):
+    """The call target before the native plans exist, and their fallback: the full path, recording a plan.
+    Called with every parameter by position."""
+    params = list(inspect.signature(entry.full).parameters.values())[1:]
+    names = ", ".join(p.name for p in params)
+    src = (f"def python_path({names}):\n"
+           f"    return full(Call(entry, ({names},)), {_call_args(params)})\n")
+    env = {"full": entry.full, "Call": Call, "entry": entry}
+    exec(compile(src, f"<rocjit op {entry.name} full path>", "exec"), env)
+    return env["python_path"]
+
+
+def _activate(entry: Op) -> None:
+    """Swap in the native Plans (the first eager call with torch tensors); no native module: stay in Python."""
+    holder = entry.state
+    from rocjit.ops import _common as C
+    tm = C.torch()
+    holder.compiling = tm.compiler.is_compiling
+    if entry.plans is not None or not fast_path_enabled():
+        return
+    from rocjit import native
+    mod = native.module()
+    api = getattr(tm.Tensor, "__dlpack_c_exchange_api__", None)
+    if mod is None or api is None or not hasattr(mod, "Plans"):
+        return
+    try:
+        entry.plans = mod.Plans(entry.roles, _python_path(entry), api, (tm.Tensor, tm.nn.Parameter))
+    except ValueError:          # an exchange API without the allocator: the Python path does every call
+        return
+    holder.call = entry.plans
+
+
+# ----------------------------------------------------------------------------- the record of one call
+class Call:
+    """Runs an op's allocations and launches, and records them as a plan when the call can be one.
+
+    `Call(None)` (torch.compile's path, the tuner, tests) only runs them."""
+    __slots__ = ("op", "args", "_known", "_outs", "_consts", "_launches", "_stream", "ok")
+
+    def __init__(self, entry: Op | None, args: tuple = ()):
+        self.op, self.args = entry, args
+        self.ok = entry is not None and fast_path_enabled()
+        self._known = {}
+        if self.ok:
+            for i, (a, role) in enumerate(zip(args, entry.roles)):
+                if role == "T" and a is not None:
+                    self._known[id(a)] = ("a", i)
+                elif role == "S":
+                    if type(a) is not float:        # an int or bool would be recorded as a constant
+                        self.ok = False
+                    self._known[id(a)] = ("a", i)
+        self._outs, self._consts, self._launches, self._stream = [], [], [], None
+
+    def forget(self) -> None:
+        """This call must not become a plan (an out= argument, a converted input, a data-dependent choice...)."""
+        self.ok = False
+
+    def empty(self, shape, dtype, device):
+        """A new output or scratch tensor (torch.empty), allocated again by every replay."""
+        from rocjit.ops import _common as C
+        t = C.torch().empty(tuple(shape), dtype=dtype, device=device)
+        if self.ok:
+            self._known[id(t)] = ("o", len(self._outs))
+            self._outs.append((t, tuple(int(s) for s in t.shape)))
+        return t
+
+    def const(self, obj):
+        """A tensor the plan keeps and passes as it is (a dummy pointer, a persistent buffer)."""
+        if self.ok and id(obj) not in self._known:
+            self._known[id(obj)] = ("c", len(self._consts))
+            self._consts.append(obj)
+        return obj
+
+    def bind_stream(self) -> None:
+        """The plan's constants belong to the current stream: replay it on that stream only."""
+        if self.ok:
+            tm = sys.modules["torch"]
+            dev = next((a.device for a in self.args if isinstance(a, tm.Tensor)), None)
+            self._stream = tm.cuda.current_stream(dev).cuda_stream if dev is not None else None
+            if dev is None:
+                self.ok = False
+
+    def launch(self, kernel, grid, block, *args, shared_mem: int = 0):
+        """kernel[grid, block](*args, shared_mem=...), recorded."""
+        kernel[grid, block](*args, shared_mem=shared_mem)
+        if self.ok:
+            refs = [self._ref(a) for a in args]
+            if self.ok:
+                self._launches.append((kernel[grid, block], refs, int(shared_mem)))
+
+    def _ref(self, a):
+        if a is None:
+            return None
+        r = self._known.get(id(a))
+        if r is not None:
+            return list(r)
+        t = type(a)
+        if t is int or t is bool or t is float:     # fixed by the key (floats forwarded by role S are known)
+            self._consts.append(a)
+            return ["c", len(self._consts) - 1]
+        self.ok = False                             # an unknown tensor (a copy, a view): no plan
+        return None
+
+    def done(self, result):
+        """The op's return value; the call becomes a plan if everything about it was recorded."""
+        if not self.ok or self.op is None:
+            return result
+        tm = sys.modules.get("torch")
+        if tm is None or not self._launches or tm.cuda.is_available() and tm.cuda.is_current_stream_capturing():
+            return result       # a graph capture's choices (shipped defaults, no tuning) are not remembered
+        items = result if type(result) is tuple else (result,)
+        refs = []
+        for r in items:
+            ref = self._ref(r) if r is not None else None
+            if not self.ok or (r is not None and ref[0] == "c"):
+                return result
+            refs.append(tuple(ref) if ref is not None else None)
+        outputs = [(_dtype_code(t), shape) for t, shape in self._outs]
+        launches = [(fn, [tuple(r) if r is not None else None for r in refs_], sm)
+                    for fn, refs_, sm in self._launches]
+        _activate(self.op)
+        if self.op.plans is not None:
+            self.op.plans.add(tuple(self.args), outputs, list(self._consts), launches, refs,
+                              type(result) is tuple, self._stream)
+        return result
+
+
+UNRECORDED = Call(None)
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_code_of(dtype) -> int:
+    from rocjit import native
+    return native.torch_dtype_code(dtype)
+
+
+def _dtype_code(t) -> int:
+    return _dtype_code_of(t.dtype)
+
+
+# ----------------------------------------------------------------------------- the registry's readers
+def load_all() -> dict[str, Op]:
+    """Import every op module of the package (each registers its ops) and return the registry."""
+    import importlib
+    import pkgutil
+    import rocjit.ops as pkg
+    for m in pkgutil.iter_modules(pkg.__path__):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"rocjit.ops.{m.name}")
+    return REGISTRY
+
+
+def register_custom_ops() -> None:
+    """Register every torch.ops.rocjit.* op now (torch.compile cannot register one while it traces)."""
+    for entry in load_all().values():
+        if entry.custom_op is not None:
+            entry.torch_op()
+            entry.state.compiling = sys.modules["torch"].compiler.is_compiling
+
+
+def clear_plans() -> None:
+    """Forget every recorded eager plan (e.g. after changing ROCJIT_AUTOTUNE or the tuning file)."""
+    for entry in REGISTRY.values():
+        entry.clear_plans()
+
+
+def kernel_sources() -> list[str]:
+    """Every kernels_src file an op compiles."""
+    return sorted({s for e in load_all().values() for s in e.sources})
