@@ -296,6 +296,10 @@ static PyObject *launcher_vectorcall(Launcher *self, PyObject *const *args, size
             if (scalar_into(p->code, o, dst) != 0) goto fallback;
             continue;
         }
+        if (o == Py_None) {                 /* a null pointer, as the general path passes it */
+            memset(dst, 0, sizeof(void *));
+            continue;
+        }
         PyTypeObject *t = Py_TYPE(o);
         int known = 0;
         for (int j = 0; j < s->ntypes; j++) known |= (t == s->types[j]);
@@ -442,6 +446,7 @@ typedef struct {
     int32_t device_type, device_id;
     int ndim, aligned;
     int64_t shape[RJ_MAX_DIMS];
+    void *data;                /* 'T': this call's data pointer (not part of the key) */
     PyTypeObject *type;        /* 'S' and 'O': the exact type */
     PyObject *value;           /* 'O': the value (strong reference), compared by == */
 } rj_argkey;
@@ -470,6 +475,8 @@ typedef struct {
     rj_argkey args[RJ_MAX_OP_ARGS];
     rj_out outs[RJ_MAX_OUTS];
     PyObject **consts;
+    void **const_ptrs;         /* a constant tensor's data pointer; NULL for scalars */
+    int *const_is_tensor;
     rj_launch *launches;
     rj_ref *result;
 } Plan;
@@ -484,6 +491,8 @@ static void plan_dealloc(Plan *self) {
         PyMem_Free(self->launches[i].args);
     }
     PyMem_Free(self->consts);
+    PyMem_Free(self->const_ptrs);
+    PyMem_Free(self->const_is_tensor);
     PyMem_Free(self->launches);
     PyMem_Free(self->result);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -534,7 +543,8 @@ static int arg_key(const Plans *s, int i, PyObject *o, rj_argkey *k, uint64_t *h
         k->device_type = dl.device.device_type;
         k->device_id = dl.device.device_id;
         k->ndim = dl.ndim;
-        k->aligned = (((uintptr_t)dl.data + dl.byte_offset) & 15) == 0;
+        k->data = (char *)dl.data + dl.byte_offset;
+        k->aligned = ((uintptr_t)k->data & 15) == 0;
         *h = mix(mix(mix(mix(*h, 'T'), k->dtype), (uint64_t)k->device_type << 32 | (uint32_t)k->device_id),
                  (uint64_t)k->ndim << 1 | (uint64_t)k->aligned);
         for (int d = 0; d < dl.ndim; d++) { k->shape[d] = dl.shape[d]; *h = mix(*h, (uint64_t)dl.shape[d]); }
@@ -589,12 +599,62 @@ static PyObject *ref_object(const rj_ref *r, PyObject *const *args, PyObject **o
     }
 }
 
+/* Launch one of a plan's launches through its native Launcher's Spec without reading the tensors again: the
+ * plan's key already matched everything the launcher checks (dtype, device, contiguity) against a call it
+ * accepted; pointee alignment, the loaded function, the context are checked here. 0: launched; -1: not launched,
+ * nothing set (the caller calls the launcher the ordinary way, which decides). */
+static int launch_direct(Launcher *lz, const rj_launch *L, const Plan *plan, const rj_argkey *keys,
+                         PyObject *const *args, void *const *out_ptrs, void *stream) {
+    Spec *s = lz->spec;
+    int dev = plan->device_id;
+    union { char bytes[RJ_MAX_BLOCK]; double d; int64_t q; void *p; } block;
+    void *ptrs[RJ_MAX_PARAMS];
+    void *fn;
+    if (L->kwnames || s->nparams != L->nargs || dev < 0 || dev >= RJ_MAX_DEVICES || !(fn = s->fns[dev]) ||
+        s->device_type != plan->device_type)
+        return -1;
+    for (int i = 0; i < s->nparams; i++) {
+        const rj_param *p = &s->params[i];
+        const rj_ref *r = &L->args[i];
+        char *dst = block.bytes + p->offset;
+        ptrs[i] = dst;
+        if (p->code == 'P') {
+            void *ptr;
+            switch (r->kind) {
+            case 'a': if (keys[r->index].kind != 'T') return -1; ptr = keys[r->index].data; break;
+            case 'o': ptr = out_ptrs[r->index]; break;
+            case 'c': if (!plan->const_is_tensor[r->index]) return -1; ptr = plan->const_ptrs[r->index]; break;
+            default: ptr = NULL;
+            }
+            if ((uintptr_t)ptr & p->align_mask) return -1;
+            memcpy(dst, &ptr, sizeof ptr);
+        } else {
+            PyObject *o = r->kind == 'a' ? args[r->index] : r->kind == 'c' ? plan->consts[r->index] : NULL;
+            if (!o || scalar_into(p->code, o, dst) != 0) return -1;
+        }
+    }
+    if (s->get_ctx) {
+        void *cur = NULL;
+        if (s->get_ctx(&cur) != 0 || cur != s->ctxs[dev]) return -1;
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = s->launch(fn, lz->grid[0], lz->grid[1], lz->grid[2], lz->block[0], lz->block[1], lz->block[2], 0, stream,
+                    ptrs, NULL);
+    Py_END_ALLOW_THREADS
+    if (err) return -1;
+    lz->native_calls++;
+    return 0;
+}
+
 static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     rj_argkey keys[RJ_MAX_OP_ARGS];
     uint64_t h = 0;
     Plan *plan = NULL;
     PyObject *outs[RJ_MAX_OUTS] = {0};
+    void *out_ptrs[RJ_MAX_OUTS] = {0};
+    void *stream = NULL;
     PyObject *stack[RJ_MAX_PARAMS + 1];
     PyObject *result = NULL;
     int nouts = 0;
@@ -615,14 +675,11 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
     }
     if (!plan) goto fallback;
     Py_INCREF(plan);                      /* a launch releases the GIL: another thread may evict the plan */
-    if (plan->stream_bound) {
-        void *cur = NULL;
-        if (self->api->current_work_stream(plan->device_type, plan->device_id, &cur) != 0) {
-            PyErr_Clear();
-            goto miss;
-        }
-        if (cur != plan->stream) goto miss;
+    if (self->api->current_work_stream(plan->device_type, plan->device_id, &stream) != 0) {
+        PyErr_Clear();
+        goto miss;
     }
+    if (plan->stream_bound && stream != plan->stream) goto miss;
     for (; nouts < plan->nouts; nouts++) {
         rj_out *o = &plan->outs[nouts];
         rj_tensor proto;
@@ -645,9 +702,13 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
             goto miss;
         }
         outs[nouts] = (PyObject *)obj;
+        out_ptrs[nouts] = (char *)mt->dl_tensor.data + mt->dl_tensor.byte_offset;   /* mt lives on in obj */
     }
     for (int l = 0; l < plan->nlaunches; l++) {
         rj_launch *L = &plan->launches[l];
+        if (Py_TYPE(L->launcher) == &LauncherType &&
+            launch_direct((Launcher *)L->launcher, L, plan, keys, args, out_ptrs, stream) == 0)
+            continue;
         for (int a = 0; a < L->nargs; a++) stack[a] = ref_object(&L->args[a], args, outs, plan->consts);
         if (L->kwnames) stack[L->nargs] = L->shared;
         PyObject *r = PyObject_Vectorcall(L->launcher, stack, (size_t)L->nargs, L->kwnames);
@@ -792,8 +853,27 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
     }
     p->nconsts = (int)PyList_GET_SIZE(consts);
     p->consts = PyMem_Calloc(p->nconsts ? p->nconsts : 1, sizeof(PyObject *));
-    if (!p->consts) { PyErr_NoMemory(); goto fail; }
-    for (int k = 0; k < p->nconsts; k++) { p->consts[k] = PyList_GET_ITEM(consts, k); Py_INCREF(p->consts[k]); }
+    p->const_ptrs = PyMem_Calloc(p->nconsts ? p->nconsts : 1, sizeof(void *));
+    p->const_is_tensor = PyMem_Calloc(p->nconsts ? p->nconsts : 1, sizeof(int));
+    if (!p->consts || !p->const_ptrs || !p->const_is_tensor) { PyErr_NoMemory(); goto fail; }
+    for (int k = 0; k < p->nconsts; k++) {
+        PyObject *c = PyList_GET_ITEM(consts, k);
+        p->consts[k] = c;
+        Py_INCREF(c);
+        PyTypeObject *t = Py_TYPE(c);
+        int known = 0;
+        for (int j = 0; j < self->ntypes; j++) known |= (t == self->types[j]);
+        if (known) {            /* kept alive by the plan: its pointer stays valid */
+            rj_tensor dl;
+            if (self->api->dltensor_from_py_object_no_sync(c, &dl) != 0) goto fail;
+            if (dl.device.device_type != p->device_type || dl.device.device_id != p->device_id) {
+                PyErr_SetString(PyExc_ValueError, "a constant tensor on another device than the plan's");
+                goto fail;
+            }
+            p->const_ptrs[k] = (char *)dl.data + dl.byte_offset;
+            p->const_is_tensor[k] = 1;
+        }
+    }
     Py_ssize_t nl = PyList_GET_SIZE(launches);
     p->launches = PyMem_Calloc(nl ? nl : 1, sizeof(rj_launch));
     if (!p->launches) { PyErr_NoMemory(); goto fail; }

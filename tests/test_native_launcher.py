@@ -103,6 +103,17 @@ def test_launches_with_the_packed_block(mod):
     assert L.native_calls == 2 and L.fallback is fb
 
 
+def test_none_is_a_null_pointer(mod):
+    """None for a pointer parameter launches natively with a null pointer, as the general path passes it; the
+    device comes from the tensors that are given (with none at all, the fallback decides)."""
+    drv, fb = Driver(), Fallback()
+    spec, _ = _spec(mod, drv)
+    x, y = _tensors()
+    L = mod.Launcher(spec, (1, 1, 1), (32, 1, 1), fb)
+    L(*_args(None, y))
+    assert fb.calls == [] and drv.calls[0][5][1:3] == (0, y.data_ptr())
+
+
 def test_accepts_parameters_size_one_strides_and_empty_tensors(mod):
     drv, fb = Driver(), Fallback()
     spec, _ = _spec(mod, drv, x_dtypes=(torch.float16, torch.float32))
@@ -119,7 +130,7 @@ def test_accepts_parameters_size_one_strides_and_empty_tensors(mod):
 @pytest.mark.parametrize("case", [
     "dtype", "device_type", "noncontig", "transposed", "misaligned_vector", "int_range", "uint_negative", "uint_range",
     "schar_range", "bool_for_int", "float_for_int", "str_for_float", "int_for_bool", "float_range", "numpy",
-    "none_pointer", "subclass", "complex_any", "too_few", "too_many", "unknown_keyword", "negative_shared",
+    "only_none_pointers", "subclass", "complex_any", "too_few", "too_many", "unknown_keyword", "negative_shared",
     "float_shared", "bool_shared", "shared_above_limit", "stream_object", "negative_stream", "no_function",
     "other_context", "driver_error", "big_int_for_float"])
 def test_everything_else_goes_to_the_fallback_untouched(mod, case):
@@ -136,7 +147,7 @@ def test_everything_else_goes_to_the_fallback_untouched(mod, case):
         "misaligned_vector": dict(y=y[1:]), "int_range": dict(n=2**31), "uint_negative": dict(big=-1),
         "uint_range": dict(big=2**64), "schar_range": dict(c=128), "bool_for_int": dict(n=True),
         "float_for_int": dict(n=7.0), "str_for_float": dict(a="2.5"), "int_for_bool": dict(flag=1),
-        "float_range": dict(a=1e39), "numpy": dict(x=np.ones(4, np.float32)), "none_pointer": dict(x=None),
+        "float_range": dict(a=1e39), "numpy": dict(x=np.ones(4, np.float32)), "only_none_pointers": dict(x=None, y=None),
         "subclass": dict(x=x.as_subclass(Sub)), "complex_any": dict(y=torch.randn(8, dtype=torch.complex64)),
         "big_int_for_float": dict(d=10**400),
     }.get(case)

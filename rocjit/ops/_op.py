@@ -52,6 +52,7 @@ class Op:
     mutates_args: tuple = ()
     state: "_State" = None               # read by the public function on every call
     plans: object = None                 # the native Plans, made at the first eager torch call
+    last_plan: list = None               # [(kernel, pointer params, scalar params)] of the last plan recorded
 
     def torch_op(self):
         """torch.ops.rocjit.<name>, registered on first use."""
@@ -233,7 +234,7 @@ class Call:
         if self.ok:
             refs = [self._ref(a) for a in args]
             if self.ok:
-                self._launches.append((kernel[grid, block], refs, int(shared_mem)))
+                self._launches.append((kernel[grid, block], refs, int(shared_mem), kernel))
 
     def _ref(self, a):
         if a is None:
@@ -264,7 +265,9 @@ class Call:
             refs.append(tuple(ref) if ref is not None else None)
         outputs = [(_dtype_code(t), shape) for t, shape in self._outs]
         launches = [(fn, [tuple(r) if r is not None else None for r in refs_], sm)
-                    for fn, refs_, sm in self._launches]
+                    for fn, refs_, sm, _ in self._launches]
+        self.op.last_plan = [(k.name, sum(p.pointer for p in k.params), sum(not p.pointer for p in k.params))
+                             for *_, k in self._launches]
         _activate(self.op)
         if self.op.plans is not None:
             self.op.plans.add(tuple(self.args), outputs, list(self._consts), launches, refs,

@@ -1,0 +1,378 @@
+"""Decode, where the ops are used: the seed's decode chains, a transformers Llama, and each op's eager host cost.
+
+Rows (every peer measured in the same run):
+- chain_mlp_fp8 / chain_attn_fp8: Llama-3.1-405B TP8 shard shapes (hidden 16384, gate_up 13312 x 16384, down
+  16384 x 6656, QKV 2304 x 16384), M = 1..32, FP8 with static per-tensor scales, CUDA-graph replays: rocjit op by
+  op against the same chain in torch.compile with torch._scaled_mm (cuBLASLt; rows padded to 16, which it needs)
+  and in bf16 (torch.compile + cuBLAS). chain_mlp_fp8_per_token: the dynamic variant (per-token scales from the
+  norm and from swiglu feed the GEMMs directly), against torch.compile with row-wise scaled_mm.
+- hf_eager / hf_compiled: a transformers LlamaForCausalLM at Llama-3-8B layer shapes (hidden 4096, intermediate
+  14336, 32 heads / 8 KV heads; 4 layers, vocab 32000, random init, bf16): µs per decoded token, stock against
+  rocjit bf16 and rocjit FP8 (rocjit.integrations.transformers), eager (DynamicCache) and compiled (StaticCache +
+  torch.compile(fullgraph=True, mode="reduce-overhead")); logits and greedy tokens are compared first.
+- hf_module_norm / hf_module_mlp: the eager time per call of LlamaRMSNorm and LlamaMLP on one token, stock and
+  patched (wall time of back-to-back calls, synchronized at the end).
+- eager_host_<op>: host µs per repeated eager call of each op against its torch eager equivalent and against raw
+  rocjit launches of empty kernels with the same parameters as each launch the op makes (the `raw_launches` peer,
+  the sum over its launches); the ratio ours / raw is the issue's target (<= 1.5).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from rocjit.bench import harness as H
+
+H_405, I_405, QKV_405 = 16384, 6656, 2304
+ROWS = (1, 2, 4, 8, 16, 32)
+
+
+def host_us(fns: dict, *, n: int = 200, rounds: int = 15) -> dict:
+    """Host µs per call of each callable, back to back without synchronizing (n calls, then a sync outside the
+    timed region), interleaved over rounds; median. n is small enough that the launch queue never fills."""
+    import torch
+    from rocjit.bench.launch import interleaved
+    return interleaved(fns, torch.cuda.synchronize, n=n, rounds=rounds)
+
+
+def wall_us(fn, *, n: int = 50, rounds: int = 9) -> float:
+    """Wall µs per call of back-to-back calls including the final synchronize (what an eager user waits)."""
+    import torch
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t) / n * 1e6)
+    return statistics.median(out)
+
+
+def _rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+# ----------------------------------------------------------------------------- a. the seed's decode chains
+def _chains(result, quick):
+    import torch
+    import rocjit.ops as ops
+    f8, bf = torch.float8_e4m3fn, torch.bfloat16
+    dev = "cuda"
+    torch.manual_seed(0)
+    w_ln = (torch.rand(H_405, device=dev) + 0.5).to(bf)
+    w_gu = torch.randn(2 * I_405, H_405, device=dev).to(f8)
+    w_d = torch.randn(H_405, I_405, device=dev).to(f8)
+    w_qkv = torch.randn(QKV_405, H_405, device=dev).to(f8)
+    s_in, s_gu, s_h, s_d = (torch.tensor([v], device=dev) for v in (0.02, 0.01, 0.05, 0.01))
+    s_qkv = torch.tensor([0.01], device=dev)
+    w_gu16, w_d16, w_qkv16 = w_gu.to(bf), w_d.to(bf), w_qkv.to(bf)
+    eps = 1e-6
+
+    def norm_q(x, r, s):
+        h = x + r
+        r.copy_(h)
+        hf = h.float()
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w_ln.float()
+        return (y / s).clamp(-448.0, 448.0).to(f8)
+
+    def mlp_fp8(x, r):
+        q = norm_q(x, r, s_in)
+        gu = torch._scaled_mm(q, w_gu.t(), s_in, s_gu, out_dtype=bf)
+        g, u = gu.float().chunk(2, dim=-1)
+        h = ((torch.nn.functional.silu(g) * u) / s_h).clamp(-448.0, 448.0).to(f8)
+        return torch._scaled_mm(h, w_d.t(), s_h, s_d, out_dtype=bf)
+
+    def attn_fp8(x, r):
+        return torch._scaled_mm(norm_q(x, r, s_in), w_qkv.t(), s_in, s_qkv, out_dtype=bf)
+
+    def mlp_rowwise(x, r):
+        h = x + r
+        r.copy_(h)
+        hf = h.float()
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w_ln.float()
+        sa = (y.abs().amax(-1, keepdim=True) / 448.0).clamp_min(1e-12)
+        gu = torch._scaled_mm((y / sa).to(f8), w_gu.t(), sa, s_gu.expand(1, 2 * I_405).contiguous(), out_dtype=bf)
+        g, u = gu.float().chunk(2, dim=-1)
+        a = torch.nn.functional.silu(g) * u
+        sh = (a.abs().amax(-1, keepdim=True) / 448.0).clamp_min(1e-12)
+        return torch._scaled_mm((a / sh).to(f8), w_d.t(), sh, s_d.expand(1, H_405).contiguous(), out_dtype=bf)
+
+    def mlp_bf16(x, r):
+        h = x + r
+        r.copy_(h)
+        hf = h.float()
+        y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w_ln.float()).to(bf)
+        g, u = (y @ w_gu16.t()).chunk(2, dim=-1)
+        return (torch.nn.functional.silu(g) * u) @ w_d16.t()
+
+    def attn_bf16(x, r):
+        h = x + r
+        r.copy_(h)
+        hf = h.float()
+        y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w_ln.float()).to(bf)
+        return y @ w_qkv16.t()
+
+    def ours_mlp(x, r):
+        q = ops.rms_norm(x, w_ln, eps, residual=r, scale=s_in)[0]
+        gu = ops.skinny_gemm(q, w_gu, scale_a=s_in, scale_w=s_gu)
+        return ops.skinny_gemm(ops.swiglu(gu, scale=s_h), w_d, scale_a=s_h, scale_w=s_d)
+
+    def ours_mlp_dyn(x, r):
+        q, s, _ = ops.rms_norm(x, w_ln, eps, residual=r, quant="per_token")
+        gu = ops.skinny_gemm(q, w_gu, scale_a=s.view(-1), scale_w=s_gu)
+        h, hs = ops.swiglu(gu, quant="per_token")
+        return ops.skinny_gemm(h, w_d, scale_a=hs.view(-1), scale_w=s_d)
+
+    def ours_attn(x, r):
+        return ops.skinny_gemm(ops.rms_norm(x, w_ln, eps, residual=r, scale=s_in)[0], w_qkv, scale_a=s_in,
+                               scale_w=s_qkv)
+
+    comp = {f.__name__: torch.compile(f, dynamic=False) for f in (mlp_fp8, attn_fp8, mlp_rowwise, mlp_bf16, attn_bf16)}
+    weight_bytes = {"chain_mlp_fp8": (2 * I_405 * H_405 + H_405 * I_405), "chain_attn_fp8": QKV_405 * H_405,
+                    "chain_mlp_fp8_per_token": (2 * I_405 * H_405 + H_405 * I_405)}
+    for M in ((1, 8, 32) if quick else ROWS):
+        Mp = max(16, -(-M // 16) * 16)
+        x = torch.randn(M, H_405, device=dev).to(bf)
+        r0 = torch.randn(M, H_405, device=dev).to(bf)
+        xp = torch.zeros(Mp, H_405, device=dev, dtype=bf)
+        xp[:M] = x
+        rp = torch.zeros(Mp, H_405, device=dev, dtype=bf)
+        rp[:M] = r0
+        for case, ours, peer_fp8, peer_bf16 in (("chain_mlp_fp8", ours_mlp, "mlp_fp8", "mlp_bf16"),
+                                                ("chain_attn_fp8", ours_attn, "attn_fp8", "attn_bf16"),
+                                                ("chain_mlp_fp8_per_token", ours_mlp_dyn, "mlp_rowwise", "mlp_bf16")):
+            # outputs first: the FP8 chain against the bf16 chain on the same inputs (FP8 rounding bounds it)
+            y_ours = ours(x, r0.clone())
+            y_ref = comp[peer_bf16](x, r0.clone())
+            err = _rel(y_ours, y_ref)
+            r1, r2, r3 = r0.clone(), rp.clone(), r0.clone()
+            t_ours = H.time_graph([lambda: ours(x, r1)])
+            t_fp8 = H.time_graph([lambda: comp[peer_fp8](xp, r2)])
+            t_bf16 = H.time_graph([lambda: comp[peer_bf16](x, r3)])
+            floor = H.floor_us(weight_bytes[case], result["ceilings"])
+            H.add_row(result, case, (M, H_405), "float8_e4m3fn", t_ours,
+                      {"torch_compile_scaled_mm": t_fp8, "torch_compile_bf16": t_bf16}, floor, timing="graph",
+                      rel_err_vs_bf16_chain=err)
+            print(result["rows"][-1], flush=True)
+    del w_gu, w_d, w_qkv, w_gu16, w_d16, w_qkv16, comp
+    torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- c. eager host cost per op
+_EMPTY_SRC = """
+#include <hip/hip_runtime.h>
+__global__ void empty_{p}_{s}({params}) {{}}
+"""
+
+
+def _raw_launcher(n_ptr: int, n_scalar: int):
+    """A raw rocjit launch (native launcher) of an empty kernel with these parameters, and its arguments."""
+    import torch
+    import rocjit
+    params = ", ".join([f"const void* p{i}" for i in range(n_ptr)] + [f"int s{i}" for i in range(n_scalar)])
+    k = rocjit.kernel(_EMPTY_SRC.format(p=n_ptr, s=n_scalar, params=params))
+    args = [torch.empty(64, device="cuda") for _ in range(n_ptr)] + [7] * n_scalar
+    launch = k[1, 32]
+    launch(*args)
+    torch.cuda.synchronize()
+    launch = k[1, 32]
+    return lambda: launch(*args)
+
+
+def _eager_host(result, quick):
+    import torch
+    import rocjit.ops as ops
+    from rocjit.ops import REGISTRY
+    bf, f8 = torch.bfloat16, torch.float8_e4m3fn
+    dev = "cuda"
+    x = torch.randn(1, 4096, device=dev).to(bf)
+    r = torch.randn(1, 4096, device=dev).to(bf)
+    w = (torch.rand(4096, device=dev) + 0.5).to(bf)
+    s = torch.tensor([0.05], device=dev)
+    gu = torch.randn(1, 2 * 14336, device=dev).to(bf)
+    wv = torch.randn(4096, 4096, device=dev).half()
+    xv = torch.randn(4096, device=dev).half()
+    w_up = torch.randn(28672, 4096, device=dev).to(bf)
+    w_dn = torch.randn(4096, 14336, device=dev).to(bf)
+    a_dn = torch.randn(1, 14336, device=dev).to(bf)
+    a8 = torch.randn(8, 16384, device=dev).to(f8)
+    w8 = torch.randn(13312, 16384, device=dev).to(f8)
+    sa8 = torch.rand(8, device=dev) + 0.5
+    sw8 = torch.rand(13312, device=dev) + 0.5
+    a16 = torch.zeros(16, 16384, device=dev).to(f8)
+    one = torch.ones((), device=dev)
+
+    def norm_eager():
+        h = x + r
+        hf = h.float()
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+        return (y / s).clamp(-448.0, 448.0).to(f8), h
+
+    def swiglu_eager():
+        g, u = gu.float().chunk(2, dim=-1)
+        return ((torch.nn.functional.silu(g) * u) / s).clamp(-448.0, 448.0).to(f8)
+
+    def quant_eager():
+        xf = x.float()
+        sc = xf.abs().amax(-1, keepdim=True) / 448.0
+        return (xf / sc).clamp(-448.0, 448.0).to(f8), sc
+
+    cases = [
+        ("rms_norm", "add_rmsnorm_fp8", (1, 4096), "bfloat16", lambda: ops.rms_norm(x, w, 1e-6, residual=r, scale=s),
+         {"torch_eager": norm_eager}),
+        ("swiglu", "swiglu_fp8", (1, 14336), "bfloat16", lambda: ops.swiglu(gu, scale=s),
+         {"torch_eager": swiglu_eager}),
+        ("quantize_fp8", "per_token", (1, 4096), "bfloat16", lambda: ops.quantize_fp8(x, granularity="token"),
+         {"torch_eager": quant_eager}),
+        ("gemv", "fp16", (4096, 4096), "float16", lambda: ops.gemv(wv, xv), {"torch_mv": lambda: torch.mv(wv, xv)}),
+        ("skinny_gemm", "bf16_gate_up", (1, 28672, 4096), "bfloat16", lambda: ops.skinny_gemm(x, w_up),
+         {"torch_matmul": lambda: x @ w_up.t()}),
+        ("skinny_gemm", "bf16_down", (1, 4096, 14336), "bfloat16", lambda: ops.skinny_gemm(a_dn, w_dn),
+         {"torch_matmul": lambda: a_dn @ w_dn.t()}),
+        ("skinny_gemm", "fp8_per_token", (8, 13312, 16384), "float8_e4m3fn",
+         lambda: ops.skinny_gemm(a8, w8, scale_a=sa8, scale_w=sw8),
+         {"torch_scaled_mm": lambda: torch._scaled_mm(a16, w8.t(), one, one, out_dtype=bf)}),
+    ]
+    raw = {}
+    for op_name, variant, shape, dtype, fn, peers in cases:
+        entry = REGISTRY[op_name]
+        fn()
+        fn()            # the second call replays (or records, after tuning on the first)
+        torch.cuda.synchronize()
+        before = entry.plans.hits if entry.plans is not None else 0
+        launches = entry.last_plan or []
+        raws = []
+        for _, n_ptr, n_sc in launches:
+            if (n_ptr, n_sc) not in raw:
+                raw[(n_ptr, n_sc)] = _raw_launcher(n_ptr, n_sc)
+            raws.append(raw[(n_ptr, n_sc)])
+        cands = {"ours": fn, **peers}
+        if raws:
+            cands["raw_launches"] = lambda raws=raws: [f() for f in raws]
+        t = host_us(cands, rounds=7 if quick else 15)
+        hits = (entry.plans.hits if entry.plans is not None else 0) - before
+        ours = t.pop("ours")
+        row = H.add_row(result, f"eager_host_{op_name}", shape, dtype, ours, t, None, timing="host", variant=variant,
+                        launches=[name for name, _, _ in launches], plan_replays=hits,
+                        ratio_vs_raw=(ours / t["raw_launches"]) if raws else None)
+        print(row, flush=True)
+    del w_up, w_dn, w8, wv
+    torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- b. a transformers Llama
+def _llama(layers: int):
+    import torch
+    import transformers
+    cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                   num_key_value_heads=8, num_hidden_layers=layers, vocab_size=32000,
+                                   max_position_embeddings=4096, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    return model
+
+
+def _decode(model, ids, steps: int, *, compiled: bool):
+    """(µs per decoded token, greedy tokens, first-step logits): prefill eagerly, then `steps` single-token steps
+    (compiled: StaticCache and one torch.compile'd step, CUDA graphs)."""
+    import torch
+    import transformers
+    L = ids.shape[1]
+    if compiled:
+        cache = transformers.StaticCache(config=model.config, max_cache_len=L + steps + 8)
+    else:
+        cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        first = out.logits[:, -1].float()
+
+        def step(tok, pos):
+            return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+        fn = torch.compile(step, fullgraph=True, mode="reduce-overhead") if compiled else step
+        toks = [tok]
+        pos = L
+        warm = 3 if compiled else 1
+        times = []
+        for i in range(steps + warm):
+            p = torch.tensor([pos], device=ids.device)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            logits = fn(tok, p)
+            tok = logits[:, -1:].argmax(-1).clone()
+            torch.cuda.synchronize()
+            if i >= warm:
+                times.append((time.perf_counter() - t) * 1e6)
+            toks.append(tok)
+            pos += 1
+    return statistics.median(times), torch.cat(toks, 1)[0].tolist(), first
+
+
+def _hf(result, quick):
+    import torch
+    from rocjit.integrations import transformers as rt
+    layers = 2 if quick else 4
+    steps = 16 if quick else 32
+    model = _llama(layers)
+    ids = torch.randint(0, 32000, (1, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    shape = (1, 4096, layers)
+    for mode in ("eager", "compiled"):
+        compiled = mode == "compiled"
+        torch._dynamo.reset()
+        t_stock, tok_stock, logit_stock = _decode(model, ids, steps, compiled=compiled)
+        rt.patch(model)
+        torch._dynamo.reset()
+        t_bf16, tok_bf16, logit_bf16 = _decode(model, ids, steps, compiled=compiled)
+        rt.unpatch(model)
+        rt.patch(model, fp8=True)
+        torch._dynamo.reset()
+        t_fp8, tok_fp8, logit_fp8 = _decode(model, ids, steps, compiled=compiled)
+        rt.unpatch(model)
+        row = H.add_row(result, f"hf_{mode}", shape, "bfloat16", t_bf16,
+                        {"stock": t_stock, "rocjit_fp8": t_fp8}, None, timing="wall per token",
+                        speedup_bf16_vs_stock=t_stock / t_bf16, speedup_fp8_vs_stock=t_stock / t_fp8,
+                        logits_rel_err_bf16=_rel(logit_bf16, logit_stock), logits_rel_err_fp8=_rel(logit_fp8, logit_stock),
+                        greedy_tokens_equal_bf16=tok_bf16 == tok_stock,
+                        greedy_tokens_agree_fp8=sum(a == b for a, b in zip(tok_fp8, tok_stock)) / len(tok_stock))
+        print(row, flush=True)
+    torch._dynamo.reset()
+    # the modules alone, one token, eager
+    layer = model.model.layers[0]
+    h = torch.randn(1, 1, 4096, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        for case, mod in (("hf_module_norm", layer.post_attention_layernorm), ("hf_module_mlp", layer.mlp)):
+            ref = mod(h)
+            stock = wall_us(lambda: mod(h))
+            rt.patch(model)
+            got = mod(h)
+            ours = wall_us(lambda: mod(h))
+            rt.unpatch(model)
+            row = H.add_row(result, case, (1, 4096), "bfloat16", ours, {"stock": stock}, None, timing="wall per call",
+                            rel_err=_rel(got, ref))
+            print(row, flush=True)
+    del model
+    torch.cuda.empty_cache()
+
+
+def run(argv) -> dict:
+    import torch
+    torch._dynamo.config.cache_size_limit = 256
+    quick = H.quick(argv)
+    result = H.new_result("decode", H.measure_ceilings(matmul=False))
+    _eager_host(result, quick)
+    _chains(result, quick)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed: the hf_* rows are skipped (pip install rocjit[transformers])",
+              file=sys.stderr)
+    else:
+        _hf(result, quick)
+    return result

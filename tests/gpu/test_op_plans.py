@@ -1,0 +1,158 @@
+"""Eager plans on the GPU: every replayed call computes what a float64 reference says, on fresh random inputs;
+anything that changes takes the full path and its named error; per-row activation scales end to end."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+import rocjit.ops as ops  # noqa: E402
+from rocjit.ops import REGISTRY  # noqa: E402
+from rocjit.ops import _common as C  # noqa: E402
+
+BF, F8 = torch.bfloat16, torch.float8_e4m3fn
+
+
+def _rel(y, ref):
+    y = y.double()
+    assert not torch.isnan(y).any(), "an output element was left unwritten"
+    return float((y - ref).norm() / ref.norm())
+
+
+def _norm_ref(x, w, eps=1e-6):
+    xd = x.double()
+    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def _hits(name):
+    p = REGISTRY[name].plans
+    return p.hits if p is not None else 0
+
+
+def test_rms_norm_replays_match_the_reference_every_time():
+    w = torch.rand(4096, device="cuda").to(BF) + 0.5
+    before = _hits("rms_norm")
+    for i in range(5):
+        x = torch.randn(3, 4096, device="cuda").to(BF)
+        r = torch.randn(3, 4096, device="cuda").to(BF)
+        r_in = r.clone()
+        eps = 1e-5 * (i + 1)                               # a forwarded scalar: replayed with its new value
+        y, r_out = ops.rms_norm(x, w, eps, residual=r)
+        assert r_out is r
+        assert _rel(r, x.double() + r_in.double()) < 1e-2
+        assert _rel(y, _norm_ref(x.double() + r_in.double(), w, eps)) < 1e-2
+    assert _hits("rms_norm") - before >= 3
+
+
+def test_replayed_fp8_ops_write_every_element():
+    s = torch.tensor([0.05], device="cuda")
+    for _ in range(4):
+        g = torch.randn(5, 2 * 1000, device="cuda").to(BF)
+        q = ops.swiglu(g, scale=s)
+        gd, ud = g.double().chunk(2, dim=-1)
+        ref = C.fp8_reference((torch.nn.functional.silu(gd) * ud / 0.05).cpu().numpy(), "e4m3fn")
+        got = q.view(torch.uint8).cpu().numpy()
+        assert (C.fp8_decode(got, "e4m3fn") - C.fp8_decode(ref, "e4m3fn")).__abs__().max() <= \
+            0.07 * abs(C.fp8_decode(ref, "e4m3fn")).max()
+        x = torch.randn(7, 300, device="cuda").to(BF)
+        q, sc = ops.quantize_fp8(x, granularity="token")
+        deq = q.double() * sc.double()
+        assert _rel(deq, x.double()) < 0.05 and sc.shape == (7, 1)
+
+
+def test_gemv_and_skinny_replay_with_new_inputs():
+    W = torch.randn(3000, 4096, device="cuda").to(BF)
+    Wh = torch.randn(1037, 1024, device="cuda").half()
+    for _ in range(4):
+        a = torch.randn(3, 4096, device="cuda").to(BF)
+        assert _rel(ops.skinny_gemm(a, W), a.double() @ W.double().t()) < 1e-2
+        xv = torch.randn(1024, device="cuda").half()
+        assert _rel(ops.gemv(Wh, xv), Wh.double() @ xv.double()) < 1e-2
+    assert _hits("skinny_gemm") >= 2 and _hits("gemv") >= 2
+
+
+def test_changes_take_the_full_path_and_its_error():
+    W = torch.randn(512, 1024, device="cuda").to(BF)
+    a = torch.randn(2, 1024, device="cuda").to(BF)
+    ops.skinny_gemm(a, W)
+    ops.skinny_gemm(a, W)
+    with pytest.raises(TypeError, match="a and w must share a dtype"):
+        ops.skinny_gemm(a, W.half())
+    with pytest.raises(ValueError, match="must be \\[N, K=1024\\]"):
+        ops.skinny_gemm(a, W[:, :512].contiguous())
+    with pytest.raises(ValueError, match="w must be contiguous"):
+        ops.skinny_gemm(a, torch.randn(1024, 512, device="cuda").to(BF).t())
+    base = torch.randn(2 * 1024 + 8, device="cuda").to(BF)
+    a_odd = base[1:2049].view(2, 1024)                     # misaligned: realigned by the full path, still right
+    assert _rel(ops.skinny_gemm(a_odd, W), a_odd.double() @ W.double().t()) < 1e-2
+    x = torch.randn(2, 64, device="cuda").half()
+    w = torch.randn(64, device="cuda").half()
+    ops.rms_norm(x, w)
+    ops.rms_norm(x, w)
+    with pytest.raises(TypeError, match="rms_norm: weight must have dtype float16, got bfloat16"):
+        ops.rms_norm(x, w.bfloat16())
+    with pytest.raises(TypeError, match="rms_norm: eps must be a float"):
+        ops.rms_norm(x, w, "1e-6")
+
+
+def test_per_row_activation_scales_end_to_end():
+    """rms_norm(quant="per_token") -> skinny_gemm(scale_a=[M]) -> swiglu(quant="per_token") -> skinny_gemm, with
+    no host sync, against float64 on the dequantized operands; every M tile and split-K path."""
+    torch.manual_seed(3)
+    for M in (1, 5, 16, 32):
+        x = torch.randn(M, 4096, device="cuda").to(BF) * torch.linspace(0.1, 10, M, device="cuda")[:, None].to(BF)
+        w = torch.rand(4096, device="cuda").to(BF) + 0.5
+        wgu = torch.randn(2 * 1408, 4096, device="cuda").to(F8)
+        sgu = torch.rand(2 * 1408, device="cuda") * 0.01 + 0.005
+        wd = torch.randn(4096, 1408, device="cuda").to(F8)
+        sd = torch.rand(4096, device="cuda") * 0.01 + 0.005
+        q, s = ops.rms_norm(x, w, quant="per_token")
+        assert s.shape == (M, 1)
+        out = torch.full((M, 2 * 1408), float("nan"), device="cuda", dtype=BF)
+        gu = ops.skinny_gemm(q, wgu, scale_a=s.view(-1), scale_w=sgu, out=out)
+        ref = (q.double() * s.double()) @ (wgu.double() * sgu.double()[:, None]).t()
+        assert _rel(gu, ref) < 1e-2, M
+        h, hs = ops.swiglu(gu, quant="per_token")
+        y = ops.skinny_gemm(h, wd, scale_a=hs.view(-1), scale_w=sd)
+        ref = (h.double() * hs.double()) @ (wd.double() * sd.double()[:, None]).t()
+        assert _rel(y, ref) < 1e-2, M
+    with pytest.raises(ValueError, match="scale_a must have 1 element .* or M per row: 5"):
+        ops.skinny_gemm(q[:5].contiguous(), wgu, scale_a=torch.ones(3, device="cuda"))
+
+
+def test_gemv_portable_path_with_per_row_scales():
+    from rocjit.ops import _gemm as G
+    M, N, K = 6, 777, 2048
+    a = torch.randn(M, K, device="cuda").to(F8)
+    w = torch.randn(N, K, device="cuda").to(F8)
+    sa, sw = torch.rand(M, device="cuda") + 0.5, torch.rand(N, device="cuda") + 0.5
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=BF)
+    for cfg in G.portable_candidates(M):
+        out.fill_(float("nan"))
+        G.launch_portable(a, "unsigned char", "gemv::w_e4m3", w, out, sw, None, 0, G.scale_modes(M, N, sa, sw), sa,
+                          "float", M, N, K, cfg)
+        ref = (a.double() * sa.double()[:, None]) @ (w.double() * sw.double()[:, None]).t()
+        assert _rel(out, ref) < 1e-2, cfg
+
+
+def test_plan_replays_under_graph_capture_and_on_another_stream():
+    W = torch.randn(2304, 4096, device="cuda").to(F8)
+    sw = torch.rand(2304, device="cuda") + 0.5
+    a = torch.randn(8, 4096, device="cuda").to(F8)
+    sa = torch.rand(8, device="cuda") + 0.5
+    ref = (a.double() * sa.double()[:, None]) @ (W.double() * sw.double()[:, None]).t()
+    ops.skinny_gemm(a, W, scale_a=sa, scale_w=sw)
+    ops.skinny_gemm(a, W, scale_a=sa, scale_w=sw)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = ops.skinny_gemm(a, W, scale_a=sa, scale_w=sw)
+    s.synchronize()
+    assert _rel(y, ref) < 1e-2
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = ops.skinny_gemm(a, W, scale_a=sa, scale_w=sw)
+    yg.fill_(float("nan"))
+    a.copy_(torch.randn(8, 4096, device="cuda").to(F8))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = (a.double() * sa.double()[:, None]) @ (W.double() * sw.double()[:, None]).t()
+    assert _rel(yg, ref) < 1e-2

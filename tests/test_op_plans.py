@@ -1,0 +1,268 @@
+"""The op skeleton on a CPU: the registry, the native Plans (rocjit/launcher.c) and what an eager call records.
+
+CPU torch tensors stand in for GPU ones; launchers are Python callables that record what they were given, or a
+native Launcher over a ctypes driver stub (as in test_native_launcher), so the replay's parameter block can be
+compared with what the launcher itself packs."""
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rocjit.ops as ops  # noqa: E402
+from rocjit import native  # noqa: E402
+from rocjit.ops import _op  # noqa: E402
+from tests.test_native_launcher import KDL_CPU, Driver, Fallback, _spec  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mod():
+    m = native.module()
+    if m is None:
+        pytest.skip(f"the native launcher could not be built here: {native.status()}")
+    return m
+
+
+# ----------------------------------------------------------------------------- the registry
+def test_every_public_op_comes_from_the_registry_and_no_module_shadows_one():
+    for m in pkgutil.iter_modules(ops.__path__):        # import every submodule, as any user code may
+        importlib.import_module(f"rocjit.ops.{m.name}")
+        assert m.name not in ops.REGISTRY, f"module rocjit/ops/{m.name}.py is named like an op"
+    assert set(ops.REGISTRY) >= {"rms_norm", "swiglu", "quantize_fp8", "quantize_fp8_weight", "quantize_fp8_dual",
+                                 "gemv", "skinny_gemm"}
+    for name, entry in ops.REGISTRY.items():
+        assert getattr(ops, name) is entry.function and callable(getattr(ops, name)), name
+        assert name in ops.__all__
+
+
+def test_registry_entries_are_complete():
+    from rocjit.bench import harness
+    from rocjit.compiler import kernels_src_dir
+    for name, entry in ops.REGISTRY.items():
+        params = list(inspect.signature(entry.function).parameters.values())
+        assert len(params) == len(entry.roles), name
+        assert "call" not in [p.name for p in params]
+        assert entry.function.__doc__, f"{name} has no docstring"
+        assert entry.sources and all((kernels_src_dir() / s).is_file() for s in entry.sources), name
+        assert entry.bench in harness.SUITES, f"{name}'s bench suite {entry.bench!r} does not exist"
+        assert entry.custom_op is not None, name
+    assert "decode" in harness.SUITES
+
+
+def test_public_signatures_keep_keyword_only_parameters():
+    sig = inspect.signature(ops.rms_norm)
+    assert str(sig) == "(x, weight, eps=1e-06, *, residual=None, scale=None, quant=None, out=None, fp8_format=None)"
+    with pytest.raises(TypeError):
+        ops.rms_norm(torch.randn(2, 8).half(), torch.randn(8).half(), 1e-6, None)   # residual is keyword-only
+
+
+def test_an_op_with_mismatched_roles_is_refused():
+    with pytest.raises(ValueError, match="one letter per parameter"):
+        _op.op(roles="T", name="_bad_roles")(lambda call, x, y: None)
+
+
+# ----------------------------------------------------------------------------- Plans
+class Rec:
+    """A launcher that records its arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, **kw):
+        self.calls.append((args, kw))
+
+
+def _plans(mod, roles="TTSO"):
+    fb = Fallback()
+    return mod.Plans(roles, fb, torch.Tensor.__dlpack_c_exchange_api__, (torch.Tensor, torch.nn.Parameter)), fb
+
+
+def _f16():
+    return native.torch_dtype_code(torch.float16)
+
+
+def test_a_matching_call_replays_outputs_and_launches(mod):
+    P, fb = _plans(mod)
+    rec = Rec()
+    x, w, dummy = torch.randn(4, 64), torch.randn(64), torch.zeros(1)
+    assert P.add((x, w, 1e-6, "a"), [(_f16(), (4, 64))], [dummy, 7],
+                 [(rec, [("o", 0), ("a", 0), ("a", 1), ("a", 2), ("c", 0), ("c", 1), None], 0)],
+                 [("o", 0), ("a", 1)], True, None)
+    x2 = torch.randn(4, 64)
+    y, w_back = P(x2, w, 0.5, "a")
+    assert w_back is w and y.shape == (4, 64) and y.dtype == torch.float16
+    (args, kw), = rec.calls
+    assert args[0] is y and args[1] is x2 and args[2] is w and args[3] == 0.5 and args[4] is dummy
+    assert args[5] == 7 and args[6] is None and kw == {}
+    y2, _ = P(x2, w, 0.5, "a")
+    assert y2.data_ptr() != y.data_ptr() or y is not y2          # a new output every call
+    assert P.hits == 2 and fb.calls == []
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "stride", "alignment", "option_value", "option_type",
+                                    "scalar_type", "none_for_tensor", "tensor_for_none", "numpy", "subclass",
+                                    "keyword", "count"])
+def test_every_change_of_the_key_takes_the_python_path(mod, change):
+    P, fb = _plans(mod, "TTSOT")
+    rec = Rec()
+    x, w = torch.randn(4, 64), torch.randn(64)
+    assert P.add((x, w, 1e-6, 1, None), [], [], [(rec, [("a", 0)], 0)], [("a", 0)], False, None)
+    base = [torch.randn(4, 64), w, 0.5, 1, None]
+    kw = {}
+    if change == "shape":
+        base[0] = torch.randn(5, 64)
+    elif change == "dtype":
+        base[0] = base[0].double()
+    elif change == "stride":
+        base[0] = torch.randn(64, 4).t()
+    elif change == "alignment":
+        base[0] = torch.randn(4 * 64 + 1)[1:].view(4, 64)
+    elif change == "option_value":
+        base[3] = 2
+    elif change == "option_type":
+        base[3] = True                  # == 1, but another type: a different choice of kernel
+    elif change == "scalar_type":
+        base[2] = 1
+    elif change == "none_for_tensor":
+        base[1] = None
+    elif change == "tensor_for_none":
+        base[4] = torch.randn(3)
+    elif change == "numpy":
+        base[0] = base[0].numpy()
+    elif change == "subclass":
+        class Sub(torch.Tensor):
+            pass
+        base[0] = base[0].as_subclass(Sub)
+    elif change == "keyword":
+        kw = {"extra": 1}
+    elif change == "count":
+        base = base[:-1]
+    assert P(*base, **kw) == "fallback"
+    assert rec.calls == [] and P.hits == 0 and len(fb.calls) == 1
+    assert fb.calls[0][0] == tuple(base) and fb.calls[0][1] == kw
+
+
+def test_plans_are_bounded_and_most_recent_first(mod):
+    P, fb = _plans(mod, "T")
+    rec = Rec()
+    for n in range(mod.MAX_PLANS + 5):
+        assert P.add((torch.randn(n + 1),), [], [], [(rec, [("a", 0)], 0)], [("a", 0)], False, None)
+    assert P.size == mod.MAX_PLANS
+    P(torch.randn(mod.MAX_PLANS + 5))
+    P(torch.randn(1))                                       # evicted: the oldest went first
+    assert P.hits == 1 and len(fb.calls) == 1
+    P.clear()
+    assert P.size == 0
+
+
+def test_a_stream_bound_plan_replays_on_its_stream_only(mod):
+    P, fb = _plans(mod, "T")
+    rec = Rec()
+    x = torch.randn(8)
+    P.add((x,), [], [], [(rec, [("a", 0)], 0)], [("a", 0)], False, 12345)   # a CPU tensor's stream is null
+    assert P(x) == "fallback" and P.hits == 0
+    P.add((x,), [], [], [(rec, [("a", 0)], 0)], [("a", 0)], False, 0)
+    assert P(x) is x and P.hits == 1
+
+
+def test_a_plan_needs_a_tensor_and_one_device(mod):
+    P, _ = _plans(mod, "OT")
+    rec = Rec()
+    assert P.add((1, None), [], [], [(rec, [], 0)], [None], False, None) is False
+    with pytest.raises(ValueError):
+        P.add((1, torch.randn(2)), [], [], [(rec, [("a", 5)], 0)], [None], False, None)   # a reference out of range
+
+
+def test_replay_through_a_native_launcher_packs_what_the_launcher_packs(mod):
+    """The plan hands the launcher's Spec its pointers directly; the driver sees what a direct call gives it."""
+    drv, lfb = Driver(), Fallback()
+    spec, _ = _spec(mod, drv)
+    launcher = mod.Launcher(spec, (3, 1, 1), (64, 1, 1), lfb)
+    P, fb = _plans(mod, "TTS")
+    x = torch.randn(64)
+    y = torch.randn(256)[4:]                              # 16-byte aligned
+    refs = [("a", 2), ("a", 0), ("o", 0), ("c", 0), ("c", 1), ("c", 2), ("c", 3), ("c", 4)]
+    consts = [7, 2**64 - 1, True, -0.125, -5]
+    assert P.add((x, y, 2.5), [(native.torch_dtype_code(torch.float32), (252,))], consts,
+                 [(launcher, refs, 0)], [("o", 0)], False, None)
+    x2 = torch.randn(64)
+    out = P(x2, y, 1.5)
+    assert out.shape == (252,) and out.dtype == torch.float32
+    assert lfb.calls == [] and fb.calls == [] and launcher.native_calls == 1
+    direct = (1.5, x2.data_ptr(), out.data_ptr(), 7, 2**64 - 1, True, -0.125, -5)
+    assert drv.calls == [(0xF0, (3, 1, 1), (64, 1, 1), 0, 0, direct, None)]
+    launcher(1.5, x2, out, *consts)                        # the launcher itself, for the same arguments
+    assert drv.calls[1] == drv.calls[0]
+
+
+# ----------------------------------------------------------------------------- what a call records
+class FakeKernel:
+    """kernel[grid, block] for the recording tests: every configuration is one recording launcher."""
+
+    def __init__(self):
+        self.rec = Rec()
+        self.name = "fake_kernel"
+        self.params = [type("P", (), {"pointer": True})()] * 2 + [type("P", (), {"pointer": False})()]
+
+    def __getitem__(self, cfg):
+        return self.rec
+
+
+@pytest.fixture
+def fake_op(mod):
+    kern = FakeKernel()
+
+    def full(call, x, eps=1e-6, *, copy=False, out=None):
+        y = call.empty(x.shape, x.dtype, x.device) if out is None else out
+        src = x.clone() if copy else x
+        call.launch(kern, 1, 32, y, src, eps)
+        return call.done(y)
+
+    fn = _op.op(roles="TSOT", name="_fake_op_for_tests")(full)
+    yield fn, _op.REGISTRY["_fake_op_for_tests"], kern
+    del _op.REGISTRY["_fake_op_for_tests"]
+
+
+def test_a_second_call_replays_the_first(fake_op):
+    fn, entry, kern = fake_op
+    x = torch.randn(16)
+    y1 = fn(x)
+    assert entry.plans is not None and entry.plans.size == 1
+    x2 = torch.randn(16)
+    y2 = fn(x2, 0.25)
+    assert entry.plans.hits == 1
+    args = kern.rec.calls[-1][0]
+    assert args[0] is y2 and args[1] is x2 and args[2] == 0.25 and y2 is not y1
+    assert entry.last_plan == [("fake_kernel", 2, 1)]
+
+
+def test_out_is_an_argument_of_the_plan(fake_op):
+    fn, entry, kern = fake_op
+    x, o1, o2 = torch.randn(16), torch.empty(16), torch.empty(16)
+    assert fn(x, out=o1) is o1
+    assert fn(x, out=o2) is o2 and entry.plans.hits == 1
+    assert kern.rec.calls[-1][0][0] is o2
+
+
+@pytest.mark.parametrize("why", ["unknown_tensor", "int_scalar"])
+def test_what_a_plan_cannot_replay_leaves_no_plan(fake_op, why):
+    fn, entry, kern = fake_op
+    x = torch.randn(16)
+    for _ in range(3):
+        if why == "unknown_tensor":
+            fn(x, copy=True)            # a copy made inside the call: not an argument, an output or a constant
+        else:
+            fn(x, 1)                    # an int for a forwarded float would be replayed as a constant
+    assert entry.plans is None or entry.plans.size == 0
+    assert len(kern.rec.calls) == 3
+
+
+def test_op_plans_can_be_turned_off(fake_op, monkeypatch):
+    fn, entry, kern = fake_op
+    monkeypatch.setenv("ROCJIT_OP_PLANS", "0")
+    x = torch.randn(16)
+    fn(x)
+    fn(x)
+    assert entry.plans is None and len(kern.rec.calls) == 2

@@ -1,0 +1,85 @@
+"""rocjit.integrations.transformers without a GPU: what patch changes and unpatch restores, which models it
+refuses, and the FP8 weight quantization (a patched model on the CPU runs the stock code: inputs not on a GPU)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rocjit.integrations import transformers as rt  # noqa: E402
+
+
+def _tiny(cls_cfg=transformers.LlamaConfig, cls_model=transformers.LlamaForCausalLM, **over):
+    cfg = cls_cfg(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=100, **over)
+    torch.manual_seed(0)
+    return cls_model(cfg).to(torch.bfloat16).eval()
+
+
+def _overridden(model):
+    return sorted(type(m).__name__ for m in model.modules() if "forward" in m.__dict__)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_patch_replaces_norms_layers_mlps_and_unpatch_restores(fp8):
+    model = _tiny()
+    ids = torch.randint(0, 100, (1, 6))
+    with torch.no_grad():
+        ref = model(ids).logits
+    gate = model.model.layers[0].mlp.gate_proj.weight.detach().clone()
+    rt.patch(model, fp8=fp8)
+    names = _overridden(model)
+    assert names.count("LlamaRMSNorm") == 5              # 2 per layer + the final norm
+    assert names.count("LlamaDecoderLayer") == 2 and names.count("LlamaMLP") == 2
+    assert names.count("Linear") == (8 if fp8 else 0)    # q, k, v, o per layer
+    mlp = model.model.layers[0].mlp
+    gu = mlp._rocjit_patch["gate_up"]
+    # gate and up weights are views of one [2I, H] matrix, with their values unchanged
+    assert mlp.gate_proj.weight.data_ptr() == gu.data_ptr() and torch.equal(mlp.gate_proj.weight, gate)
+    assert mlp.up_proj.weight.data_ptr() == gu[128:].data_ptr()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)        # on the CPU every patched forward runs the stock code
+    with pytest.raises(rt.PatchError, match="already patched"):
+        rt.patch(model)
+    rt.unpatch(model)
+    assert _overridden(model) == [] and not rt.is_patched(model)
+    assert not any(k.startswith("_rocjit") for m in model.modules() for k in m.__dict__)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)
+    with pytest.raises(rt.PatchError, match="not patched"):
+        rt.unpatch(model)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
+def test_other_families_patch(family):
+    cfg = getattr(transformers, {"mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}[family])
+    cls = getattr(transformers, {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                 "qwen3": "Qwen3ForCausalLM"}[family])
+    model = _tiny(cfg, cls)
+    rt.patch(model, fp8=True)
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    assert layers and all("forward" in m.__dict__ for m in layers)
+    if family == "qwen3":                                  # q_norm / k_norm are RMSNorms too
+        assert "forward" in model.model.layers[0].self_attn.q_norm.__dict__
+    rt.unpatch(model)
+
+
+def test_unknown_families_and_dtypes_are_refused():
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(rt.PatchError, match="model_type is 'gpt2'"):
+        rt.patch(gpt2)
+    with pytest.raises(rt.PatchError, match="float16 or bfloat16"):
+        rt.patch(_tiny().float())
+    with pytest.raises(rt.PatchError, match="max_m"):
+        rt.patch(_tiny(), max_m=64)
+    with pytest.raises(rt.PatchError, match="has biases"):
+        rt.patch(_tiny(mlp_bias=True))
+
+
+def test_fp8_weights_quantize_per_output_channel():
+    torch.manual_seed(1)
+    w = torch.randn(48, 96) * torch.logspace(-2, 2, 48)[:, None]      # rows of very different size
+    q, s = rt.quantize_weight_fp8(w)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (48,) and s.dtype == torch.float32
+    assert torch.allclose(q.float().abs().amax(1), torch.full((48,), 448.0))   # each row uses the full range
+    err = (q.double() * s.double()[:, None] - w.double()).abs() / w.double().abs().amax(1, keepdim=True)
+    assert float(err.max()) <= 2 ** -4 + 1e-6             # e4m3: half an ulp of 3 mantissa bits, per row's max
