@@ -139,3 +139,23 @@ def test_compile_never_serves_the_old_binary(fresh_cache, tree):
     co4 = rocjit.compile(src, "sm_90a", options=['-DHDR="sub/y.h"', f"-I{tree / 'extra'}"])
     assert co4.key != co3.key and co4.binary != co3.binary
     assert cache.info()["misses"] == 4
+
+
+def test_compile_never_serves_the_old_binary_gfx942(fresh_cache, tree):
+    """The same end to end on gfx942, through the offline clang toolchain."""
+    import os
+    from rocjit import toolchain
+    if toolchain.find() is None:
+        if os.environ.get("ROCJIT_REQUIRE_AMD") == "1":
+            pytest.fail("ROCJIT_REQUIRE_AMD=1 but the offline AMD toolchain is not installed")
+        pytest.skip("the offline AMD toolchain is not installed (python -m rocjit toolchain install)")
+    co1 = rocjit.compile(tree / "main.hip", "gfx942")
+    (tree / "common" / "c.h").write_text("#define C_VAL 12345\n")
+    co2 = rocjit.compile(tree / "main.hip", "gfx942")
+    assert co2.key != co1.key and co2.binary != co1.binary
+    src = "#include HDR\n__global__ void k(int* p){ p[0] = Y_VAL; }\n"
+    opts = ['-DHDR="sub/y.h"', f"-I{tree / 'extra'}"]
+    co3 = rocjit.compile(src, "gfx942", options=opts)
+    (tree / "extra" / "sub" / "y.h").write_text("#define Y_VAL 777\n")
+    co4 = rocjit.compile(src, "gfx942", options=opts)
+    assert co4.key != co3.key and co4.binary != co3.binary
