@@ -26,6 +26,7 @@ _FILE_OPTIONS = ("-include", "--pre-include", "-imacros")
 # a macro include makes every file under the search directories a possible header: past this many files their
 # size and mtime stand in for their content, so a huge directory costs stat calls, not reads
 _TREE_CONTENT_LIMIT = 2000
+_TREE_WALK_LIMIT = 50_000          # past this (a search directory such as / or ~), the source is not cached at all
 _memory: dict[str, Compiled] = {}
 
 
@@ -147,6 +148,7 @@ def _header_digest(text: bytes, dirs: list[str], seen: dict[str, tuple[str, str]
 def _tree_digest(dirs) -> list:
     """(directory index, relative path, digest) of every file under each directory: the fallback for macro
     includes. Hidden directories and __pycache__ are skipped (no compiler search reaches into them by name)."""
+    import warnings
     out, n = [], 0
     for i, top in enumerate(dict.fromkeys(dirs)):
         for root, subdirs, files in os.walk(top):
@@ -156,6 +158,11 @@ def _tree_digest(dirs) -> list:
                 if not os.path.isfile(p):
                     continue
                 n += 1
+                if n > _TREE_WALK_LIMIT:
+                    warnings.warn(f"rocjit: the source has a macro #include and its include directories hold more "
+                                  f"than {_TREE_WALK_LIMIT} files, so it is compiled without the on-disk cache; "
+                                  f"give its headers a directory of their own", RuntimeWarning, stacklevel=4)
+                    return [("uncached", os.urandom(16).hex())]       # a key no later call can match
                 if n <= _TREE_CONTENT_LIMIT:
                     sig = _file_digest(p)
                 else:
@@ -163,7 +170,6 @@ def _tree_digest(dirs) -> list:
                     sig = f"{st.st_size}:{st.st_mtime_ns}"
                 out.append((i, os.path.relpath(p, top), sig))
     if n > _TREE_CONTENT_LIMIT:
-        import warnings
         warnings.warn(f"rocjit: the source has a macro #include, so every file under its include directories "
                       f"({n} files) is part of the cache key; give its headers a directory of their own to make "
                       f"this cheaper", RuntimeWarning, stacklevel=4)
@@ -200,9 +206,9 @@ def cache_key(source: str, target: str, options, dirs, name_expressions, filenam
     headers: dict[str, tuple[str, str]] = {}
     state = {"macro": False, "dirs": {}}
     # quoted includes of the main source: NVRTC looks in the working directory for an in-memory source
-    _header_digest(source.encode(), search, headers, os.getcwd(), state)
+    _header_digest(source.encode(), search, headers, os.curdir, state)
     for name in opt_files:                   # -include / --pre-include: read before the source
-        _header_digest(f'#include "{name}"\n'.encode(), search, headers, os.getcwd(), state)
+        _header_digest(f'#include "{name}"\n'.encode(), search, headers, os.curdir, state)
     blob = {
         "schema": cache.SCHEMA, "rocjit": _version(), "compiler": compiler_version(target), "target": target,
         "source": source, "filename": filename, "options": list(options), "names": list(name_expressions),

@@ -142,20 +142,39 @@ def test_compile_never_serves_the_old_binary(fresh_cache, tree):
 
 
 def test_compile_never_serves_the_old_binary_gfx942(fresh_cache, tree):
-    """The same end to end on gfx942, through the offline clang toolchain."""
+    """A macro include through an -I directory, end to end on gfx942 (offline clang toolchain)."""
     import os
     from rocjit import toolchain
     if toolchain.find() is None:
         if os.environ.get("ROCJIT_REQUIRE_AMD") == "1":
             pytest.fail("ROCJIT_REQUIRE_AMD=1 but the offline AMD toolchain is not installed")
         pytest.skip("the offline AMD toolchain is not installed (python -m rocjit toolchain install)")
-    co1 = rocjit.compile(tree / "main.hip", "gfx942")
-    (tree / "common" / "c.h").write_text("#define C_VAL 12345\n")
-    co2 = rocjit.compile(tree / "main.hip", "gfx942")
-    assert co2.key != co1.key and co2.binary != co1.binary
     src = "#include HDR\n__global__ void k(int* p){ p[0] = Y_VAL; }\n"
     opts = ['-DHDR="sub/y.h"', f"-I{tree / 'extra'}"]
     co3 = rocjit.compile(src, "gfx942", options=opts)
     (tree / "extra" / "sub" / "y.h").write_text("#define Y_VAL 777\n")
     co4 = rocjit.compile(src, "gfx942", options=opts)
     assert co4.key != co3.key and co4.binary != co3.binary
+
+
+def test_macro_include_over_a_huge_directory_is_bounded(tree, monkeypatch):
+    src = "#include HDR\n__global__ void k(int* p){ p[0] = Y_VAL; }\n"
+    d = [tree / "extra"]
+    monkeypatch.setattr(compiler, "_TREE_CONTENT_LIMIT", 1)      # past it: size and mtime stand in for content
+    with pytest.warns(RuntimeWarning, match="every file under its include directories"):
+        base = _key("sm_90a", src, options=['-DHDR="sub/y.h"'], include_dirs=d)
+        (tree / "extra" / "sub" / "y.h").write_text("#define Y_VAL 12345\n")
+        assert _key("sm_90a", src, options=['-DHDR="sub/y.h"'], include_dirs=d) != base
+    monkeypatch.setattr(compiler, "_TREE_WALK_LIMIT", 2)         # past it: never cached rather than walked on
+    with pytest.warns(RuntimeWarning, match="without the on-disk cache"):
+        k1 = _key("sm_90a", src, options=['-DHDR="sub/y.h"'], include_dirs=d)
+        k2 = _key("sm_90a", src, options=['-DHDR="sub/y.h"'], include_dirs=d)
+    assert k1 != k2
+
+
+def test_deleted_working_directory_does_not_break_the_key(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert _key("sm_90a", '#include "x.h"\n#include HDR\n__global__ void k(){}\n')

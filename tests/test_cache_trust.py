@@ -98,9 +98,8 @@ def test_own_private_directory_and_symlink_to_it_are_used(tmp_path, monkeypatch)
 
 
 def test_missing_parents_are_created_private(tmp_path, monkeypatch):
-    os.umask(old := os.umask(0o002))        # a umask that would make new directories group-writable
+    old = os.umask(0o002)                   # a umask that would make new directories group-writable
     try:
-        os.umask(0o002)
         d, msg = _resolve(tmp_path / "a" / "b" / "rocjit", monkeypatch)
     finally:
         os.umask(old)
