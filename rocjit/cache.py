@@ -95,8 +95,9 @@ def _makedirs_private(path: str) -> None:
             pass
 
 
-def _trusted_root(root: str) -> Path:
-    """The real path of `root`, created if missing, or ValueError saying why it cannot be trusted."""
+def trusted_dir(root: str) -> Path:
+    """The real path of `root`, created (0700) if missing, or ValueError saying why it cannot be trusted to hold
+    code this process will run: not the user's own, writable by group or others, or under a parent that is."""
     try:
         _makedirs_private(root)
         real = os.path.realpath(root)      # from here on the resolved path: a symlink could be re-pointed later
@@ -127,7 +128,7 @@ def _private_fallback() -> Path:
             raise CacheUnavailable(f"no private temporary directory could be made ({e})") from None
         atexit.register(shutil.rmtree, d, True)
         try:
-            _fallback = _trusted_root(d)
+            _fallback = trusted_dir(d)
         except ValueError as e:
             raise CacheUnavailable(f"the temporary directory {d} cannot be trusted either: {e}") from None
     return _fallback
@@ -138,7 +139,7 @@ def cache_dir() -> Path:
     warning saying why) a private temporary one for this process. CacheUnavailable when neither can be had."""
     root = configured_dir()
     try:
-        return _trusted_root(root)
+        return trusted_dir(root)
     except ValueError as e:
         fallback = _private_fallback()
         _warn(f"not using the cache directory {root}: {e}. Using the private temporary cache {fallback} for this "

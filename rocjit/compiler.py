@@ -88,23 +88,18 @@ def _option_paths(options) -> tuple[list[str], list[str]]:
     opts = [str(o) for o in options]
     i = 0
     while i < len(opts):
-        o = opts[i]
-        for flags, out in ((_DIR_OPTIONS, dirs), (_FILE_OPTIONS, files)):
-            for f in flags:
-                if o == f and i + 1 < len(opts):
-                    out.append(opts[i + 1])
-                    i += 1
-                elif o.startswith(f + "="):
-                    out.append(o[len(f) + 1:])
-                elif f == "-I" and o.startswith("-I") and len(o) > 2:
-                    out.append(o[2:])
-                else:
-                    continue
+        o, value, step = opts[i], None, 1
+        for f in _DIR_OPTIONS + _FILE_OPTIONS:
+            if o == f and i + 1 < len(opts):
+                value, step = opts[i + 1], 2
+            elif o.startswith(f + "="):
+                value = o[len(f) + 1:]
+            elif f == "-I" and o.startswith("-I") and len(o) > 2:
+                value = o[2:]
+            if value is not None:
+                (dirs if f in _DIR_OPTIONS else files).append(value)
                 break
-            else:
-                continue
-            break
-        i += 1
+        i += step
     return dirs, files
 
 
@@ -137,11 +132,12 @@ def _header_digest(text: bytes, dirs: list[str], seen: dict[str, tuple[str, str]
             real = os.path.realpath(p)
             if real in seen:
                 continue
-            seen[real] = (name, _file_digest(p))
             try:
                 data = Path(p).read_bytes()
-            except OSError:
+            except OSError as e:
+                seen[real] = (name, f"unreadable: {e.strerror}")
                 continue
+            seen[real] = (name, hashlib.sha256(data).hexdigest())
             _header_digest(data, dirs, seen, os.path.dirname(p), state)
 
 
