@@ -113,7 +113,7 @@ def trusted_dir(root: str) -> Path:
         raise ValueError(f"it cannot be used ({e.strerror or e})") from None
     if problem:
         raise ValueError(problem)
-    if not os.access(real, os.W_OK | os.X_OK):
+    if not os.access(real, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
         raise ValueError("it is not writable")
     return Path(real)
 
