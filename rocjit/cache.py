@@ -154,12 +154,12 @@ def private_dir(*parts: str, root: Path | None = None) -> Path:
     for part in parts:
         d = d / part
         try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o700)
+            st = os.lstat(d)               # lstat: a symlink planted here is refused, not followed
         except OSError as e:
             raise CacheUnavailable(f"cannot create {d}: {e.strerror or e}") from None
-        problem = _dir_problem(os.lstat(d), str(d))
+        problem = _dir_problem(st, str(d))
         if problem:
             raise CacheUnavailable(problem)
     return d

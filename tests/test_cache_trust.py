@@ -359,3 +359,14 @@ def test_tune_json_symlink_is_not_followed(fresh, tmp_path, monkeypatch):
     assert json.loads(victim.read_text()) == {"schema": 1, "entries": {}}
     assert not (fresh / "tune.json").is_symlink()          # replaced by our own file, the link itself only
     tune.clear_memory()
+
+
+def test_entry_directory_symlink_is_not_followed(fresh, tmp_path):
+    cache.cache_dir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (fresh / f"v{cache.SCHEMA}").mkdir()
+    (fresh / f"v{cache.SCHEMA}" / "ac").symlink_to(elsewhere)
+    with pytest.warns(RuntimeWarning, match="not a directory"):
+        assert cache.get_or_build("ac" + "8" * 62, lambda: ({}, b"built"))[1:] == (b"built", False)
+    assert list(elsewhere.iterdir()) == []               # nothing written through the link
