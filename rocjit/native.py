@@ -69,20 +69,39 @@ def _build(cc) -> bytes:
 
 
 def _publish(binary: bytes, digest: str) -> Path:
-    """The shared object as a file (extensions load from paths), written atomically and checked by content."""
-    d = cache.cache_dir() / "native"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"rocjit_launch_{digest[:16]}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    """The shared object as a file (extensions load from paths) in the cache's private native/ directory, written
+    atomically; a file already there is reused only when it is a private regular file with this content."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    path = cache.private_dir("native") / f"rocjit_launch_{digest[:16]}{suffix}"
     try:
-        if hashlib.sha256(path.read_bytes()).hexdigest() == digest:
+        if hashlib.sha256(cache.read_private(path) or b"").hexdigest() == digest:
             return path
-    except FileNotFoundError:
-        pass
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(binary)
-    os.replace(tmp, path)
+    except cache.Damaged:
+        cache.remove(path)             # a link or foreign file where ours belongs: replaced, never followed
+    cache.write_private(path, binary)
     return path
+
+
+def _load(path: Path, digest: str):
+    """Import the extension from a descriptor checked to be a private regular file holding `digest`; dlopen gets
+    /proc/self/fd/N, so the file that was checked is the file that is mapped (no window to swap it)."""
+    fd = cache.open_private(path)
+    if fd is None:
+        raise ImportError(f"{path} vanished before it could be loaded")
+    try:
+        with os.fdopen(os.dup(fd), "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != digest:
+                raise ImportError(f"{path} changed on disk before it could be loaded")
+        via_fd = f"/proc/self/fd/{fd}"
+        where = via_fd if os.path.exists(via_fd) else str(path)
+        from importlib.machinery import ExtensionFileLoader
+        from importlib.util import module_from_spec, spec_from_file_location
+        loader = ExtensionFileLoader("_rocjit_launch", where)
+        mod = module_from_spec(spec_from_file_location("_rocjit_launch", where, loader=loader))
+        loader.exec_module(mod)
+        return mod
+    finally:
+        os.close(fd)
 
 
 @functools.lru_cache(maxsize=1)
@@ -96,14 +115,24 @@ def module():
         cc = compiler()
         if cc is None:
             raise NativeBuildError("no C compiler found (set CC, or install gcc or clang)")
-        meta, binary, _ = cache.get_or_build(_key(cc), lambda: ({"kind": "native launcher"}, _build(cc)),
-                                                count=False)
-        path = _publish(binary, hashlib.sha256(binary).hexdigest())
-        from importlib.machinery import ExtensionFileLoader
-        from importlib.util import module_from_spec, spec_from_file_location
-        loader = ExtensionFileLoader("_rocjit_launch", str(path))
-        mod = module_from_spec(spec_from_file_location("_rocjit_launch", str(path), loader=loader))
-        loader.exec_module(mod)
+        key, retried = _key(cc), False
+        while True:
+            meta, binary, hit = cache.get_or_build(key, lambda: ({"kind": "native launcher"}, _build(cc)),
+                                                      count=False)
+            digest = hashlib.sha256(binary).hexdigest()
+            try:
+                path = _publish(binary, digest)
+                mod = _load(path, digest)
+                break
+            except (ImportError, cache.Damaged) as e:
+                if not hit or retried:
+                    raise ImportError(str(e)) from None
+                # a cached build that verifies but does not load (damaged, or from another libc): build it again
+                import warnings
+                warnings.warn(f"rocjit: the cached native launcher does not load ({e}); rebuilding it",
+                              RuntimeWarning, stacklevel=2)
+                cache.discard(key)
+                retried = True
     except (NativeBuildError, OSError, ImportError) as e:
         _status = f"unavailable: {e}"
         if os.environ.get("ROCJIT_REQUIRE_NATIVE", "") not in ("", "0"):

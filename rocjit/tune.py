@@ -1,9 +1,10 @@
 """Autotuner: benchmark an op's candidate configs once, persist the winner, reuse it everywhere.
 
 A winner is stored per (op, shape bucket, dtype, device name, kernel-source hash) in
-``<cache dir>/tune.json`` beside the code-object cache. Writers take a file lock, merge with what
-other processes wrote meanwhile and publish atomically (temp file + ``os.replace``), so concurrent
-processes never lose or tear entries; later processes read the file and do not tune again.
+``<cache dir>/tune.json`` beside the code-object cache. One process benchmarks a key while holding
+that key's lock; processes asking for the same key meanwhile wait and read its result. Writers take
+a file lock, merge with what other processes wrote meanwhile and publish atomically (temp file +
+``os.replace``), so concurrent processes never lose or tear entries; later processes read the file.
 
 Where no tuned entry exists yet:
 - ``ROCJIT_AUTOTUNE=0`` -> the shipped default (``tune_defaults.json`` in the package, tuned on an
@@ -13,13 +14,13 @@ Where no tuned entry exists yet:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -65,23 +66,25 @@ def _shipped_key(op: str, bucket_: str, dtype: str, device: str) -> str:
 
 # ----------------------------------------------------------------------------- storage
 def tune_file() -> Path:
-    try:
-        from rocjit.cache import cache_dir
-        root = cache_dir()
-    except ImportError:                                   # pragma: no cover - cache module always ships
-        root = Path(os.environ.get("ROCJIT_CACHE_DIR") or Path.home() / ".cache" / "rocjit")
-        root.mkdir(parents=True, exist_ok=True)
-    return Path(root) / FILE_NAME
+    """<cache dir>/tune.json (the cache module's verified, private directory; OSError when none can be had)."""
+    from rocjit.cache import cache_dir
+    return cache_dir() / FILE_NAME
+
+
+def _warn(message: str) -> None:
+    import warnings
+    warnings.warn(f"rocjit.tune: {message}", stacklevel=3)
 
 
 def _read(path: Path) -> dict:
+    from rocjit import cache
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError):
-        import warnings
-        warnings.warn(f"rocjit.tune: ignoring unreadable tuning file {path}; it will be rewritten")
+        raw = cache.read_private(path)
+        if raw is None:
+            return {}
+        data = json.loads(raw)
+    except (cache.Damaged, ValueError) as e:
+        _warn(f"ignoring unreadable tuning file {path} ({e}); results are re-tuned")
         return {}
     if not isinstance(data, dict) or data.get("schema") != _SCHEMA or not isinstance(data.get("entries"), dict):
         return {}
@@ -90,27 +93,50 @@ def _read(path: Path) -> dict:
 
 def load_entries() -> dict:
     """All persisted winners: {entry key: {"config": ..., "us": ...}}."""
-    return _read(tune_file())
+    try:
+        return _read(tune_file())
+    except OSError:                                   # no usable cache directory: nothing persisted
+        return {}
 
 
 def _publish(key: str, record: dict) -> None:
-    """Merge one winner into the tuning file under a lock; atomic replace so readers never see half a file."""
-    from filelock import FileLock
-    path = tune_file()
-    with FileLock(str(path) + ".lock"):
-        entries = _read(path)
-        entries[key] = record
-        fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".tune-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"schema": _SCHEMA, "entries": entries}, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+    """Merge one winner into the tuning file under a lock; atomic replace so readers never see half a file.
+    A file that cannot be written costs a warning: the winner is still used by this process."""
+    from rocjit import cache
+    try:
+        path = tune_file()
+        with cache.lock(path.with_name(FILE_NAME + ".lock")):
+            entries = _read(path)
+            entries[key] = record
+            cache.write_private(path, json.dumps({"schema": _SCHEMA, "entries": entries}, indent=1,
+                                                 sort_keys=True).encode())
+    except OSError as e:
+        _warn(f"could not save the tuning result for {key} ({e}); it is used by this process only")
+
+
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def _key_lock(key: str):
+    """Held while one key is benchmarked, across processes: the others wait, then read its result.
+    Re-entry from the same thread (a bench that tunes the same key) does not wait for itself."""
+    from rocjit import cache
+    held = _held.__dict__.setdefault("keys", set())
+    if key in held:
+        yield
+        return
+    try:
+        path = cache.private_dir("locks") / f"tune-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
+        guard = cache.lock(path)
+    except OSError:                                   # no usable cache: tune unlocked, as each process must
+        guard = contextlib.nullcontext()
+    held.add(key)
+    try:
+        with guard:
+            yield
+    finally:
+        held.discard(key)
 
 
 def shipped_defaults() -> dict:
@@ -196,6 +222,19 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
     fallback = default_config(op, bucket, dtype, device, candidates, default)
     if not enabled() or capturing():
         return fallback        # not remembered: a later eager call may still tune
+    with _key_lock(key):
+        rec = load_entries().get(key)                    # another process may have tuned it while we waited
+        if isinstance(rec, dict) and _valid(rec.get("config"), candidates):
+            best = dict(rec["config"])
+        else:
+            best = _tune(op, key, bucket, dtype, candidates, bench, progress)
+    with _lock:
+        _memory[key] = dict(best)
+    return dict(best)
+
+
+def _tune(op, key, bucket, dtype, candidates, bench, progress) -> dict:
+    """Time every candidate, persist the fastest and return it."""
     best, best_t, times = None, math.inf, {}
     it = candidates
     if progress:
@@ -214,9 +253,7 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
         raise RuntimeError(f"rocjit.tune: every candidate of {op} {bucket} {dtype} failed: {times}")
     _publish(key, {"config": best, "us": round(best_t * 1e6, 3), "candidates": len(candidates),
                    "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    with _lock:
-        _memory[key] = dict(best)
-    return dict(best)
+    return best
 
 
 # ----------------------------------------------------------------------------- timing helpers

@@ -2,10 +2,15 @@
 import json
 import multiprocessing as mp
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from rocjit import tune
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CANDS = [{"tile": 1}, {"tile": 2}, {"tile": 4}]
 DEFAULT = {"tile": 2}
@@ -159,3 +164,46 @@ def test_shipped_defaults_file_is_valid():
     assert data["schema"] == 1 and isinstance(data["entries"], dict)
     for key, rec in data["entries"].items():
         assert len(key.split("|")) == 4 and isinstance(rec["config"], dict)
+
+
+_SAME_SHAPE = """
+import os, sys, time
+from rocjit import tune
+counter, go = sys.argv[1], sys.argv[2]
+
+def bench(cfg):
+    with open(counter, "a") as f:                  # O_APPEND: one line per call, from any process
+        f.write(f"{os.getpid()} {cfg['tile']}\\n")
+    time.sleep(0.05)                               # long enough that unlocked processes would overlap
+    return float(cfg["tile"])
+
+while not os.path.exists(go):                      # start together
+    time.sleep(0.002)
+cfg = tune.pick("op", bucket="m1_n4096", dtype="bf16", device="FakeGPU", src_hash="abc",
+                candidates=[{"tile": 1}, {"tile": 2}, {"tile": 4}], default={"tile": 2}, bench=bench, progress=False)
+print(cfg["tile"])
+"""
+
+
+def test_eight_processes_tuning_one_shape_benchmark_it_once(tdir):
+    counter, go = tdir / "bench_calls.txt", tdir / "go"
+    env = dict(os.environ, ROCJIT_CACHE_DIR=str(tdir), PYTHONPATH=REPO)
+    env.pop("ROCJIT_AUTOTUNE", None)
+    procs = [subprocess.Popen([sys.executable, "-c", _SAME_SHAPE, str(counter), str(go)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    time.sleep(0.3)
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, [err for _, err in outs]
+    assert [out.strip() for out, _ in outs] == ["1"] * 8
+    calls = counter.read_text().splitlines()
+    assert len(calls) == len(CANDS), calls                    # one process tuned; seven waited and read
+    assert len({c.split()[0] for c in calls}) == 1
+
+
+def test_same_key_reentered_from_its_own_bench_does_not_deadlock(tdir):
+    def bench(cfg):
+        if cfg["tile"] == 1:                               # a bench that asks for the key being tuned
+            return float(pick(lambda c: 1.0)["tile"])
+        return float(cfg["tile"])
+    assert pick(bench) in CANDS
