@@ -46,8 +46,8 @@ class FakePlatform:
     def function_info(self, fn):
         return {"num_regs": 0, "shared_bytes": 0, "local_bytes": 0, "max_threads": 1024}
 
-    def set_max_dynamic_shared(self, fn, n):
-        self.max_shared = n
+    def set_max_dynamic_shared(self, fn, nbytes):
+        self.max_shared = nbytes
 
     def context_handle(self, dev):
         return 0xC0
@@ -64,19 +64,19 @@ class FakePlatform:
     def native_launch(self):
         return None
 
-    def malloc(self, n, dev):
-        buf = ctypes.create_string_buffer(n)
+    def malloc(self, nbytes, dev):
+        buf = ctypes.create_string_buffer(nbytes)
         self.buffers[ctypes.addressof(buf)] = buf
         return ctypes.addressof(buf)
 
     def free(self, ptr):
         self.freed.append(ptr)
 
-    def memcpy_htod(self, dst, src, n):
-        ctypes.memmove(dst, src, n)
+    def memcpy_htod(self, dst, src_ptr, nbytes):
+        ctypes.memmove(dst, src_ptr, nbytes)
 
-    def memcpy_dtoh(self, dst, src, n):
-        ctypes.memmove(dst, src, n)
+    def memcpy_dtoh(self, dst_ptr, src, nbytes):
+        ctypes.memmove(dst_ptr, src, nbytes)
 
     def synchronize(self, dev):
         pass
@@ -90,9 +90,9 @@ class FakePlatform:
     def error_name(self, code):
         return f"FAKE_ERROR_{code}"
 
-    def launch(self, fn, grid, block, shared_mem, stream, params):
+    def launch(self, fn, grid, block, shared_mem, stream, kernel_params):
         self.launches.append((grid, block, shared_mem, stream))
-        return self.emulate(params)
+        return self.emulate(kernel_params)
 
 
 def param(params, i, ctype):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 
+from rocjit import targets
 from rocjit.errors import CompileError, PlatformError
 from rocjit.platform import Compiled
 
@@ -85,7 +86,7 @@ def compile(source: str, *, target: str, options=(), include_dirs=(), name_expre
             filename: str = "kernel.hip") -> Compiled:
     """source -> cubin for `target` (sm_XX) or PTX for `compute_XX`."""
     nv = _nvrtc()
-    as_ptx = target.startswith("compute_")
+    as_ptx = targets.is_ptx(target)
     prog = _check(nv.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         for expr in name_expressions:

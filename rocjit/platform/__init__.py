@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 PLATFORMS = ("cuda", "hip")
 
@@ -32,6 +32,7 @@ class FastLaunch(NamedTuple):
     returns_tuple: bool
 
 
+@runtime_checkable
 class Platform(Protocol):
     """One vendor's runtime: devices, loading, launching and the memory staging needs."""
     NAME: str

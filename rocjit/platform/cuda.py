@@ -10,6 +10,7 @@ import re
 import threading
 import warnings
 
+from rocjit import targets
 from rocjit.errors import LaunchError, PlatformError
 from rocjit.platform import FastLaunch
 
@@ -196,7 +197,7 @@ def load(code, dev: int, recompile) -> int:
     try:
         return _load_binary(code.binary, dev)
     except LaunchError as e:
-        if e.error_name not in _DRIVER_TOO_OLD or not code.target.startswith("sm_"):
+        if e.error_name not in _DRIVER_TOO_OLD or targets.is_ptx(code.target):
             raise
         from rocjit.compilers import nvrtc
         drv, built_by = driver_version(), nvrtc.version()

@@ -380,14 +380,14 @@ def free(ptr: int):
     check(hip.hipFree(ptr), "hipFree")
 
 
-def memcpy_htod(dst: int, src_ptr: int, n: int):
+def memcpy_htod(dst: int, src_ptr: int, nbytes: int):
     hip = _require()
-    check(hip.hipMemcpyHtoD(dst, src_ptr, n), "hipMemcpyHtoD")
+    check(hip.hipMemcpyHtoD(dst, src_ptr, nbytes), "hipMemcpyHtoD")
 
 
-def memcpy_dtoh(dst_ptr: int, src: int, n: int):
+def memcpy_dtoh(dst_ptr: int, src: int, nbytes: int):
     hip = _require()
-    check(hip.hipMemcpyDtoH(dst_ptr, src, n), "hipMemcpyDtoH")
+    check(hip.hipMemcpyDtoH(dst_ptr, src, nbytes), "hipMemcpyDtoH")
 
 
 def synchronize(dev: int):
