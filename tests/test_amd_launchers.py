@@ -115,7 +115,7 @@ def test_the_native_launcher_launches_amd_kernels(amd):
     launcher(2.5, x, y, 7, 5, False, stream=9)
     assert type(launcher).__name__ == "Launcher" and launcher.native_calls == 1
     assert drv.calls == [(0xF0, (3, 2, 1), (64, 1, 1), 0, 9, (2.5, x.data_ptr(), y.data_ptr(), 7, 5, False), None)]
-    with pytest.raises(ArgumentError, match=r"parameter 'x'.*expected element dtype float32"):
+    with pytest.raises(ArgumentError, match=r"parameter 'x'"):
         launcher(2.5, x.half(), y, 7, 5, False)
     drv.ctx = 0xC1      # another device's context is current: the native launcher steps aside for the Python path
     with pytest.raises(ArgumentError, match=r"parameter 'x'.*host \(CPU\) memory"):   # which knows they are CPU
