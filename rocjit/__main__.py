@@ -28,8 +28,8 @@ def doctor(argv=()) -> int:
         except Exception as e:  # a broken binding is reported, not fatal
             print(f"platform {name:4s}  : unavailable ({type(e).__name__}: {e})")
     try:
-        from rocjit.platform import cuda
-        print(f"compiler sm_*  : {cuda.compiler_version()}  (CUDA headers: {', '.join(cuda.cuda_include_dirs()) or 'missing'})")
+        from rocjit.compilers import nvrtc
+        print(f"compiler sm_*  : {nvrtc.version()}  (CUDA headers: {', '.join(nvrtc.cuda_include_dirs()) or 'missing'})")
     except Exception as e:
         print(f"compiler sm_*  : unavailable ({e}); pip install 'rocjit[cuda]'")
     try:

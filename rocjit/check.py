@@ -62,13 +62,10 @@ def _direct_compile(path: Path, target: str, options, names):
     """Fallback when rocjit.compiler is not available: the vendor compilers, uncached."""
     source = path.read_text()
     dirs = [str(path.parent), str(_kernels_src_dir())]
-    if target.startswith("sm_"):
-        from rocjit.platform import cuda
-        return cuda.compile(source, target=target, options=options, include_dirs=dirs + [str(_kernels_src_dir() / "cuda_shim")],
+    from rocjit.compilers import compiler_for
+    compiler = compiler_for(target)
+    return compiler.compile(source, target=target, options=options, include_dirs=dirs + compiler.shim_dirs(),
                             name_expressions=names, filename=path.name)
-    from rocjit import toolchain
-    return toolchain.compile_amd(source, target=target, options=options, include_dirs=dirs,
-                                 name_expressions=names, filename=path.name)
 
 
 def check_one(path: Path, target: str) -> dict:

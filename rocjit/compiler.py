@@ -13,8 +13,8 @@ import os
 import re
 from pathlib import Path
 
-from rocjit import cache
-from rocjit.platform import Compiled, backend_for_target
+from rocjit import cache, compilers
+from rocjit.platform import Compiled
 
 CodeObject = Compiled
 _SUFFIXES = (".hip", ".cu", ".cpp", ".cc", ".h", ".hpp", ".cuh")
@@ -40,10 +40,6 @@ def kernels_src_dir() -> Path:
     raise FileNotFoundError("rocjit's kernels_src directory is missing from this installation")
 
 
-def cuda_shim_dir() -> Path:
-    return kernels_src_dir() / "cuda_shim"
-
-
 def read_source(source_or_path) -> tuple[str, str, Path | None]:
     """(text, filename, directory) from inline source, a path, or a name relative to kernels_src/."""
     if isinstance(source_or_path, os.PathLike) or (
@@ -65,8 +61,7 @@ def include_dirs_for(target: str, user_dirs=(), source_dir: Path | None = None) 
     if source_dir is not None:
         dirs.append(str(source_dir))
     dirs.append(str(kernels_src_dir()))
-    if target.startswith(("sm_", "compute_")):
-        dirs.append(str(cuda_shim_dir()))
+    dirs.extend(compilers.compiler_for(target).shim_dirs())
     return dirs
 
 
@@ -185,10 +180,7 @@ def define_options(defines) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def compiler_version(target: str) -> str:
-    if target.startswith(("sm_", "compute_")):
-        return backend_for_target(target).compiler_version()
-    from rocjit import toolchain
-    return toolchain.compiler_version(target)
+    return compilers.compiler_for(target).version()
 
 
 def _version() -> str:
@@ -216,15 +208,6 @@ def cache_key(source: str, target: str, options, dirs, name_expressions, filenam
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
-def _vendor_compile(source, target, options, dirs, names, filename) -> Compiled:
-    if target.startswith(("sm_", "compute_")):
-        return backend_for_target(target).compile(source, target=target, options=options, include_dirs=dirs,
-                                                  name_expressions=names, filename=filename)
-    from rocjit import toolchain
-    return toolchain.compile_amd(source, target=target, options=options, include_dirs=dirs,
-                                 name_expressions=names, filename=filename)
-
-
 def compile(source_or_path, target: str, *, defines=None, options=None, name_expressions=(),
             include_dirs=()) -> Compiled:
     """Compile for a named target (sm_90a, gfx90a, gfx942, gfx950, ...) — no GPU needed; cached on disk."""
@@ -235,6 +218,7 @@ def compile(source_or_path, target: str, *, defines=None, options=None, name_exp
 
 def compile_text(source: str, target: str, *, filename="kernel.hip", source_dir=None, defines=None, options=None,
                  name_expressions=(), include_dirs=()) -> Compiled:
+    compiler = compilers.compiler_for(target)     # checks the target before anything else sees it
     opts = define_options(defines) + list(options or ())
     names = tuple(dict.fromkeys(name_expressions))
     dirs = include_dirs_for(target, include_dirs, source_dir)
@@ -244,7 +228,8 @@ def compile_text(source: str, target: str, *, filename="kernel.hip", source_dir=
         return hit
 
     def build():
-        c = _vendor_compile(source, target, opts, dirs, names, filename)
+        c = compiler.compile(source, target=target, options=opts, include_dirs=dirs, name_expressions=names,
+                             filename=filename)
         return {"format": c.format, "target": c.target, "lowered": c.lowered, "log": c.log}, c.binary
 
     meta, binary, _ = cache.get_or_build(key, build)

@@ -395,8 +395,8 @@ def resources(code_object, kernel: str | None = None, *, block: int | None = Non
 
 
 def _amd_resources(binary, target, block, dynamic_shared) -> list[KernelResources]:
-    from rocjit.platform import hip
-    meta = hip.amdhsa_metadata(binary)
+    from rocjit import codeobject
+    meta = codeobject.amdhsa_metadata(binary)
     if target is None:
         target = meta.get("amdhsa.target", "").rsplit("-", 1)[-1].split(":")[0] or None
     isa = _amd_isa(binary)
@@ -469,26 +469,18 @@ def _sm(target: str) -> int:
 
 
 def _nvidia_max_threads(binary: bytes) -> dict:
-    """{function: max threads} from __launch_bounds__ (EIATTR_MAX_THREADS, 0x05, in .nv.info.<fn>)."""
-    from rocjit.platform import hip
+    """{function: max threads} from __launch_bounds__ (EIATTR_MAX_THREADS in .nv.info.<fn>)."""
+    from rocjit import codeobject
     out = {}
     try:
-        sections = hip.elf_sections(binary)
+        kernels = codeobject.nv_kernels(binary)
     except ValueError:
         return out
-    for sec in sections:
-        if not sec.name.startswith(".nv.info."):
-            continue
-        data, i = binary[sec.offset:sec.offset + sec.size], 0
-        while i + 4 <= len(data):
-            fmt, attr, size = data[i], data[i + 1], int.from_bytes(data[i + 2:i + 4], "little")
-            if fmt == 4:   # EIFMT_SVAL: a sized payload follows
-                if attr == 0x05 and size >= 12:
-                    x, y, z = (int.from_bytes(data[i + 4 + 4 * j:i + 8 + 4 * j], "little") for j in range(3))
-                    out[sec.name[len(".nv.info."):]] = x * y * z
-                i += 4 + size
-            else:          # EIFMT_NVAL / BVAL / HVAL: four bytes in all
-                i += 4
+    for name in kernels:
+        for attr, payload in codeobject.nv_info_records(binary, name):
+            if attr == codeobject.EIATTR_MAX_THREADS and len(payload) >= 12:
+                x, y, z = (int.from_bytes(payload[4 * j:4 * j + 4], "little") for j in range(3))
+                out[name] = x * y * z
     return out
 
 

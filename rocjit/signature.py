@@ -1,7 +1,8 @@
 """A kernel's parameters read from its source: pointer vs scalar, pointee / scalar C type, const-ness.
 
 The binary says where each parameter lives (offset, size); the source says what it means. Both are read
-and cross-checked by rocjit.kernel.
+and cross-checked by rocjit.launch.params. The reader knows C's spellings of the built-in types, object-like
+macros, template arguments and namespaces; it does not preprocess (#if), so the code object has the last word.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ POINTEE_DTYPES = {
     "short": ("int16",), "int16_t": ("int16",), "unsigned short": ("uint16",), "uint16_t": ("uint16",),
     "long": ("int64",), "long long": ("int64",), "int64_t": ("int64",),
     "unsigned long": ("uint64",), "unsigned long long": ("uint64",), "uint64_t": ("uint64",), "size_t": ("uint64",),
+    "ptrdiff_t": ("int64",), "intptr_t": ("int64",), "uintptr_t": ("uint64",), "ssize_t": ("int64",),
     "signed char": ("int8",), "int8_t": ("int8",), "char4": ("int8",),
     "char": ("int8", "uint8"),
     "unsigned char": _BYTE_FP8, "uint8_t": _BYTE_FP8, "uchar4": _BYTE_FP8,
@@ -40,7 +42,8 @@ SCALAR_CTYPES = {
     "int": ctypes.c_int32, "int32_t": ctypes.c_int32, "unsigned": ctypes.c_uint32, "unsigned int": ctypes.c_uint32,
     "uint32_t": ctypes.c_uint32, "long": ctypes.c_int64, "long long": ctypes.c_int64, "int64_t": ctypes.c_int64,
     "unsigned long": ctypes.c_uint64, "unsigned long long": ctypes.c_uint64, "uint64_t": ctypes.c_uint64,
-    "size_t": ctypes.c_uint64, "short": ctypes.c_int16, "int16_t": ctypes.c_int16, "unsigned short": ctypes.c_uint16,
+    "size_t": ctypes.c_uint64, "ptrdiff_t": ctypes.c_int64, "intptr_t": ctypes.c_int64, "uintptr_t": ctypes.c_uint64,
+    "ssize_t": ctypes.c_int64, "short": ctypes.c_int16, "int16_t": ctypes.c_int16, "unsigned short": ctypes.c_uint16,
     "uint16_t": ctypes.c_uint16, "char": ctypes.c_int8, "signed char": ctypes.c_int8, "int8_t": ctypes.c_int8,
     "unsigned char": ctypes.c_uint8, "uint8_t": ctypes.c_uint8, "bool": ctypes.c_bool,
     "float": ctypes.c_float, "double": ctypes.c_double,
@@ -53,7 +56,11 @@ HALF_TYPES = {"__half", "half", "_Float16"}
 BF16_TYPES = {"__hip_bfloat16", "hip_bfloat16", "__nv_bfloat16", "__bf16"}
 
 _ATTRIBUTES = {"__launch_bounds__", "__attribute__", "__declspec", "alignas", "__maxnreg__"}
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "__grid_constant__"}
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "class", "enum",
+               "__grid_constant__", "typename"}
+_INT_WORDS = {"signed", "unsigned", "short", "long", "int", "char"}
+# a pointer to pointers (T**, T* x[]) is an array of device addresses
+POINTER_ARRAY_DTYPES = ("int64", "uint64")
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,9 @@ class Param:
     @property
     def dtypes(self):
         """Element dtypes a pointer parameter accepts (None = any)."""
-        return POINTEE_DTYPES.get(self.ctype) if self.pointer else None
+        if not self.pointer:
+            return None
+        return POINTER_ARRAY_DTYPES if self.ctype.endswith("*") else POINTEE_DTYPES.get(self.ctype)
 
     def describe(self) -> str:
         return f"parameter {self.name!r} ({self.text.strip()})"
@@ -110,15 +119,46 @@ def _template_params(prefix: str) -> list[str]:
     return names
 
 
-def _parse_param(text: str, index: int, subst: dict) -> Param:
-    t = text.strip()
-    t = re.sub(r"__attribute__\s*\(\(.*?\)\)", " ", t)
-    pointer = "*" in t or "&" in t
+def _canonical_type(words: list[str]) -> str:
+    """One spelling per built-in integer type: 'long int' -> 'long', 'unsigned long long int' -> 'unsigned long
+    long', 'signed' -> 'int', 'short int' -> 'short'; any other type as written."""
+    if not words or not set(words) <= _INT_WORDS:
+        return " ".join(words)
+    sign = "unsigned " if "unsigned" in words else ""
+    if "char" in words:
+        return "unsigned char" if sign else ("signed char" if "signed" in words else "char")
+    if "short" in words:
+        return sign + "short"
+    longs = words.count("long")
+    return sign + ("long long" if longs >= 2 else "long" if longs == 1 else "int")
+
+
+def _expand_macros(text: str, macros: dict) -> str:
+    for _ in range(8):      # nested object-like macros, with a bound against self-reference
+        expanded = re.sub(r"[A-Za-z_]\w*", lambda m: macros.get(m.group(0), m.group(0)), text)
+        if expanded == text:
+            break
+        text = expanded
+    return text
+
+
+def _parse_param(text: str, index: int, subst: dict, macros: dict | None = None) -> Param:
+    written = text.strip()
+    t = _expand_macros(written, macros) if macros else written
+    t = re.sub(r"\[\[.*?\]\]", " ", t)                                   # [[maybe_unused]] and co
+    t = re.sub(r"\b(__attribute__|__declspec|alignas)\s*\((?:[^()]|\([^()]*\))*\)", " ", t)
+    t = _split_top(t, "=")[0] if _split_top(t, "=") else t              # a default argument
+    array = re.search(r"\[[^\]]*\]\s*$", t)                              # T x[N] is a T* in a parameter list
+    if array:
+        t = t[:array.start()]
+    stars = t.count("*") + (1 if array else 0)
+    pointer = stars > 0 or "&" in t
     # name is the last identifier when the declaration has one beyond the type
     toks = re.findall(r"[A-Za-z_]\w*(?:::\w+)*|\*|&", t)
     name = f"arg{index}"
     words = [w for w in toks if w not in ("*", "&")]
-    if toks and toks[-1] not in ("*", "&") and len(words) >= 2:
+    if toks and toks[-1] not in ("*", "&") and len(words) >= 2 and not (set(words) <= _INT_WORDS and
+                                                                         words[-1] in ("int", "long", "char", "short")):
         name = toks[-1]
         words = words[:-1]
     before_star = t.split("*")[0] if pointer else t
@@ -126,7 +166,10 @@ def _parse_param(text: str, index: int, subst: dict) -> Param:
     base = " ".join(w for w in words if w not in _QUALIFIERS)
     base = subst.get(base, base)
     base = re.sub(r"^(?:std|rocjit|hip)::", "", base)
-    return Param(name, base, pointer, const, t)
+    base = _canonical_type(base.split())
+    if stars > 1:
+        base += "*" * (stars - 1)
+    return Param(name, base, pointer, const, written)
 
 
 def _skip_parens(src: str, i: int) -> int:
@@ -138,10 +181,32 @@ def _skip_parens(src: str, i: int) -> int:
     return i
 
 
-def find_kernel(source: str, name: str | None):
-    """[(kernel name, template prefix, param text)] for __global__ functions (all, or the one named)."""
+def _namespaces_at(src: str, positions: list[int]) -> list[tuple[str, ...]]:
+    """The enclosing namespace path at each position (sorted ascending)."""
+    out, stack, events = [], [], re.finditer(r"\bnamespace\s+([A-Za-z_][\w:]*)?\s*\{|[{}]", src)
+    pending = iter(positions)
+    pos = next(pending, None)
+    for ev in events:
+        while pos is not None and pos < ev.start():
+            out.append(tuple(n for names in stack if names for n in names))
+            pos = next(pending, None)
+        if ev.group(0) == "}":
+            if stack:
+                stack.pop()
+        elif ev.group(0) == "{":
+            stack.append(None)
+        else:       # namespace a::b { ... } opens both; an anonymous one adds no name
+            stack.append(tuple((ev.group(1) or "").split("::")) if ev.group(1) else None)
+    while pos is not None:
+        out.append(tuple(n for names in stack if names for n in names))
+        pos = next(pending, None)
+    return out
+
+
+def find_kernels(source: str):
+    """[(namespace path, kernel name, template prefix, param text)] of every __global__ function."""
     src = _strip_comments(source)
-    out = []
+    found = []
     for m in re.finditer(r"__global__", src):
         pos, kname = m.end(), None
         while True:   # the first `identifier (` that is not an attribute such as __launch_bounds__(256)
@@ -159,22 +224,49 @@ def find_kernel(source: str, name: str | None):
         params = src[start:_skip_parens(src, start) - 1]
         prefix = src[max(0, m.start() - 400):m.start()]
         prefix = prefix.split(";")[-1].split("}")[-1]
-        if name is None or kname == name:
-            out.append((kname, prefix, params))
-    return out
+        found.append((m.start(), kname, prefix, params))
+    spaces = _namespaces_at(src, [f[0] for f in found])
+    return [(ns, kname, prefix, params) for ns, (_, kname, prefix, params) in zip(spaces, found)]
 
 
-def parse(source: str, name_expression: str) -> list[Param] | None:
-    """Parameters of the kernel `name_expression` ("saxpy" or "scale<__half, 8>"), or None if not found."""
-    base = name_expression.split("<")[0].strip().split("::")[-1]
+def find_kernel(source: str, name: str | None):
+    """[(kernel name, template prefix, param text)] for __global__ functions (all, or the one named)."""
+    return [(k, prefix, params) for _, k, prefix, params in find_kernels(source) if name is None or k == name]
+
+
+def _macros(source: str, defines) -> dict:
+    """Object-like macros: the source's own #defines, then the defines the module is compiled with."""
+    macros = {}
+    for m in re.finditer(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)\b(?!\()[ \t]*(.*)$", _strip_comments(source), re.M):
+        macros[m.group(1)] = m.group(2).strip()
+    for k, v in dict(defines or {}).items():
+        macros[str(k)] = "1" if v is None or v is True else str(int(v) if isinstance(v, bool) else v)
+    return macros
+
+
+def parse(source: str, name_expression: str, defines=None) -> list[Param] | None:
+    """Parameters of the kernel `name_expression` ("saxpy", "ns::saxpy" or "scale<__half, 8>"), or None if not
+    found. An unqualified name means the global namespace's kernel, else the only one of that name."""
+    qualified = name_expression.split("<")[0].strip()
+    parts = qualified.split("::")
+    base, space = parts[-1].strip(), tuple(p.strip() for p in parts[:-1] if p.strip())
     targs = []
     if "<" in name_expression:
         targs = [a.strip() for a in _split_top(name_expression[name_expression.index("<") + 1:name_expression.rindex(">")])]
-    found = find_kernel(source, base)
+    found = [k for k in find_kernels(source) if k[1] == base]
+    if len(parts) > 1:
+        found = [k for k in found if k[0] == space]
+    elif len({k[0] for k in found}) > 1:
+        top = [k for k in found if k[0] == ()]
+        if not top:
+            where = ", ".join("::".join(k[0] + (base,)) for k in found)
+            raise ValueError(f"kernel name {base!r} is ambiguous ({where}); qualify it with its namespace")
+        found = top
     if not found:
         return None
-    _, prefix, params = found[0]
+    _, _, prefix, params = found[0]
     subst = dict(zip(_template_params(prefix), targs))
-    if params.strip() in ("", "void"):
+    macros = _macros(source, defines)
+    if _expand_macros(params, macros).strip() in ("", "void"):
         return []
-    return [_parse_param(p, i, subst) for i, p in enumerate(_split_top(params))]
+    return [_parse_param(p, i, subst, macros) for i, p in enumerate(_split_top(params))]

@@ -5,9 +5,7 @@ device bitcode and HIP 6.4 headers (Debian forky) into a cache dir: the .debs ar
 `apt-get download` under a private apt configuration (own sources list, package lists and
 status file; the system's apt setup is never touched) and unpacked with `dpkg-deb -x`.
 
-`compile_amd()` picks the compiler per target: hipRTC when it is usable and new enough for the
-target (Debian's ROCm 5.2 hipRTC handles gfx90a but crashes on gfx942), else the offline clang.
-ROCJIT_AMD_COMPILER=hiprtc|clang forces one.
+rocjit.compilers.clang compiles with it; rocjit.compilers.compiler_for() decides when.
 """
 from __future__ import annotations
 
@@ -26,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocjit.errors import CompileError, PlatformError
-from rocjit.platform import Compiled
 
 LLVM_MAJOR = 22
 # (package, suite): clang 22 knows gfx950; the device bitcode and HIP headers must be newer
@@ -50,9 +47,6 @@ RUNTIME_LIBRARIES = {
 }
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MANIFEST = "manifest.json"
-COMPILE_TIMEOUT_S = 600
-# hipRTC versions (major, minor) that generate code for a target; older ones are skipped.
-HIPRTC_MIN_VERSION = {"gfx942": (6, 0), "gfx950": (7, 0)}
 INSTALL_HINT = "python -m rocjit toolchain install"
 
 
@@ -302,155 +296,16 @@ def install(force: bool = False, log=print) -> Toolchain:
 
 
 def _smoke_test(tc: Toolchain, log):
+    from rocjit.compilers import clang
     for target in ("gfx90a", "gfx942", "gfx950"):
-        _clang_compile(tc, SMOKE_TEST, target=target, options=(), include_dirs=(), name_expressions=(),
-                       filename="smoke.hip")
+        clang.compile(SMOKE_TEST, target=target, filename="smoke.hip", tc=tc)
     log("  smoke test: a kernel compiled for gfx90a, gfx942 and gfx950")
 
 
 def _clear_caches():
     _find_cached.cache_clear()
-    compiler_version.cache_clear()
-
-
-# ----------------------------------------------------------------------------------------
-# Compiling
-
-def _hiprtc_version() -> tuple[int, int] | None:
-    """(major, minor) of a usable hipRTC, or None."""
-    try:
-        from rocjit.platform import hip
-        if not hip.hiprtc_usable():
-            return None
-        text = hip.compiler_version().split()[1]
-        major, minor = text.split(".")[:2]
-        return int(major), int(minor)
-    except Exception:
-        return None
-
-
-def choose_compiler(target: str) -> str:
-    """'hiprtc' or 'clang' for `target` (see the module docstring for the policy)."""
-    if not target.startswith("gfx"):
-        raise ValueError(f"target {target!r} is not an AMD gfx target")
-    forced = os.environ.get("ROCJIT_AMD_COMPILER", "").strip().lower()
-    if forced not in ("", "hiprtc", "clang"):
-        raise ValueError(f"ROCJIT_AMD_COMPILER={forced!r}: expected 'hiprtc' or 'clang'")
-    version = _hiprtc_version() if forced != "clang" else None
-    new_enough = version is not None and version >= HIPRTC_MIN_VERSION.get(target, (0, 0))
-    if forced == "hiprtc":
-        if version is None:
-            from rocjit.platform import hip
-            raise PlatformError(f"ROCJIT_AMD_COMPILER=hiprtc but hipRTC is not usable: {hip.hiprtc_status()[1]}")
-        if not new_enough:
-            need = ".".join(map(str, HIPRTC_MIN_VERSION[target]))
-            raise PlatformError(f"ROCJIT_AMD_COMPILER=hiprtc but hipRTC {version[0]}.{version[1]} cannot compile "
-                                f"{target} (it needs ROCm >= {need}; older ones crash). Use the offline clang: {INSTALL_HINT}")
-        return "hiprtc"
-    if forced == "clang" or not new_enough:
-        return "clang"
-    return "hiprtc"
-
-
-@functools.lru_cache(maxsize=None)
-def _compiler_version(target: str, forced: str, stamp) -> str:
-    if choose_compiler(target) == "hiprtc":
-        from rocjit.platform import hip
-        return hip.compiler_version()
-    return require().version
-
-
-def compiler_version(target: str) -> str:
-    """The compiler that builds `target`, with versions (part of the code-object cache key)."""
-    tc = find()
-    return _compiler_version(target, os.environ.get("ROCJIT_AMD_COMPILER", ""), tc.version if tc else None)
-
-
-compiler_version.cache_clear = _compiler_version.cache_clear
-
-
-def compile_amd(source: str, *, target: str, options=(), include_dirs=(), name_expressions=(),
-                filename: str = "<source>") -> Compiled:
-    """source -> hsaco for an AMD target, through hipRTC or the offline clang (choose_compiler)."""
-    if choose_compiler(target) == "hiprtc":
-        from rocjit.platform import hip
-        return hip.compile(source, target=target, options=options, include_dirs=include_dirs,
-                           name_expressions=name_expressions, filename=filename)
-    return _clang_compile(require(), source, target=target, options=options, include_dirs=include_dirs,
-                          name_expressions=name_expressions, filename=filename)
-
-
-def _name_expression_probes(name_expressions) -> str:
-    """Device pointers to each requested kernel: they force the template instantiation, and the
-    relocation of each pointer names the mangled symbol (clang has no lowering API)."""
-    lines = ["", "// rocjit: instantiate the requested kernels and record their symbols", 'extern "C" {']
-    for i, expr in enumerate(name_expressions):
-        kernel = expr.strip().lstrip("&").strip()
-        lines.append(f"__device__ __attribute__((used)) void* __rocjit_name_expr_{i} = (void*)&{kernel};")
-    return "\n".join(lines + ["}"]) + "\n"
-
-
-def _clang_command(tc: Toolchain, target, options, include_dirs, src: Path, out: Path) -> list[str]:
-    cmd = [str(tc.clang), "-x", "hip", "--cuda-device-only", "--no-gpu-bundle-output", "-c", "-O3",
-           f"--offload-arch={target}", f"--rocm-path={tc.tree / 'usr'}", f"--rocm-device-lib-path={tc.bitcode_dir}",
-           # the 6.4 HIP headers must win over a system-wide ROCm 5.2 /usr/include/hip
-           "-isystem", str(tc.include_dir),
-           # gfx9 is wave64; clang 22 stopped predefining this but the HIP headers read it
-           "-D__AMDGCN_WAVEFRONT_SIZE=64", "-mcode-object-version=5"]
-    if not any(str(o).startswith(("-std=", "--std=")) for o in options):
-        cmd.append("-std=c++17")
-    cmd += [f"-I{d}" for d in include_dirs] + [str(o) for o in options]
-    return cmd + [str(src), "-o", str(out)]
-
-
-def _clang_compile(tc: Toolchain, source: str, *, target, options, include_dirs, name_expressions,
-                   filename) -> Compiled:
-    compiler = f"clang-{LLVM_MAJOR} ({tc.version})"
-    base = os.path.basename(filename) if filename and not filename.startswith("<") else "source.hip"
-    with tempfile.TemporaryDirectory(prefix="rocjit-clang-") as tmp:
-        src, out = Path(tmp) / base, Path(tmp) / "out.hsaco"
-        src.write_text(source + (_name_expression_probes(name_expressions) if name_expressions else ""))
-        cmd = _clang_command(tc, target, options, include_dirs, src, out)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=tc.env, timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise CompileError(f"clang did not finish within {COMPILE_TIMEOUT_S} s", source, filename, target, compiler)
-        log = (proc.stderr + proc.stdout).replace(str(src), filename)
-        if proc.returncode != 0 or not out.exists():
-            raise CompileError(log or f"clang exited with {proc.returncode}", source, filename, target, compiler)
-        binary = out.read_bytes()
-    lowered = {}
-    if name_expressions:
-        symbols = _probe_targets(binary, len(name_expressions))
-        for i, expr in enumerate(name_expressions):
-            if i not in symbols:
-                raise CompileError(f"could not find the kernel symbol for name expression {expr!r}",
-                                   source, filename, target, compiler)
-            lowered[expr] = symbols[i]
-    return Compiled(binary=binary, format="hsaco", target=target, lowered=lowered, log=log)
-
-
-def _probe_targets(binary: bytes, count: int) -> dict:
-    """{probe index: mangled kernel name}, following each probe pointer's relocation."""
-    from rocjit.platform import hip
-    symbols = hip.elf_symbols(binary)
-    dynamic = hip.elf_symbols(binary, dynamic=True)
-    functions = {s.value: s.name for s in symbols if s.type == hip.STT_FUNC}
-    relocations = {r_offset: (sym, addend) for r_offset, sym, _type, addend in hip.elf_relocations(binary)}
-    found = {}
-    prefix = "__rocjit_name_expr_"
-    for s in symbols:
-        if not s.name.startswith(prefix):
-            continue
-        index = int(s.name[len(prefix):])
-        if s.value not in relocations:
-            continue
-        sym, addend = relocations[s.value]
-        if sym:   # absolute relocation against a named symbol
-            found[index] = dynamic[sym].name
-        elif addend in functions:   # relative relocation: the addend is the kernel's address
-            found[index] = functions[addend]
-    return found
+    from rocjit import compiler
+    compiler.compiler_version.cache_clear()
 
 
 # ----------------------------------------------------------------------------------------
@@ -458,11 +313,13 @@ def _probe_targets(binary: bytes, count: int) -> dict:
 
 def status() -> dict:
     """Which AMD compilers are usable, their versions and paths (for `python -m rocjit`)."""
+    from rocjit.compilers import amd_compiler_name, hiprtc
+    from rocjit.errors import CompileError
     from rocjit.platform import hip
     usable, detail = hip.hiprtc_status()
     out = {"hiprtc": {"usable": usable, "library" if usable else "reason": detail}}
     if usable:
-        out["hiprtc"]["version"] = hip.compiler_version()
+        out["hiprtc"]["version"] = hiprtc.version()
     tc = find()
     out["clang"] = {"installed": tc is not None, "dir": str(toolchain_dir())}
     if tc:
@@ -472,9 +329,9 @@ def status() -> dict:
     targets = {}
     for target in ("gfx90a", "gfx942", "gfx950"):
         try:
-            compiler = choose_compiler(target)
+            compiler = amd_compiler_name(target)
             targets[target] = compiler if compiler == "hiprtc" or tc else "clang (not installed)"
-        except (PlatformError, ValueError) as e:
+        except (PlatformError, CompileError, ValueError) as e:
             targets[target] = f"unusable: {e}"
     out["targets"] = targets
     return out

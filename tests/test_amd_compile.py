@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rocjit import toolchain
+from rocjit import codeobject, compilers, toolchain
+from rocjit.compilers import hiprtc as hiprtc_compiler
 from rocjit.errors import CompileError
 from rocjit.platform import hip
 
@@ -39,15 +40,21 @@ def hiprtc(monkeypatch):
 
 
 def _kernel_names(binary):
-    return {k[".name"] for k in hip.kernel_metadata(binary)}
+    return {k[".name"] for k in codeobject.kernel_metadata(binary)}
+
+
+def compile_amd(source, target, **kw):
+    """The AMD compiler rocjit picks for `target`, with the include directories it needs."""
+    compiler = compilers.compiler_for(target)
+    return compiler.compile(source, target=target, include_dirs=compiler.shim_dirs(), **kw)
 
 
 @pytest.mark.parametrize("target", CLANG_TARGETS)
 def test_clang_compiles_basics_with_templates(clang, target):
-    co = toolchain.compile_amd(BASICS, target=target, name_expressions=TEMPLATES, filename="amd_basics.hip")
+    co = compile_amd(BASICS, target=target, name_expressions=TEMPLATES, filename="amd_basics.hip")
     assert co.format == "hsaco" and co.target == target
-    assert hip.elf_machine(co.binary)[0] == 224   # EM_AMDGPU
-    assert hip.amdhsa_metadata(co.binary)["amdhsa.target"].endswith(target)
+    assert codeobject.elf_machine(co.binary)[0] == 224   # EM_AMDGPU
+    assert codeobject.amdhsa_metadata(co.binary)["amdhsa.target"].endswith(target)
     assert co.lowered == {"scale_vec<float, 4>": "_Z9scale_vecIfLi4EEvPKT_PS0_if",
                           "scale_vec<__half, 8>": "_Z9scale_vecI6__halfLi8EEvPKT_PS1_if"}
     names = _kernel_names(co.binary)
@@ -56,9 +63,9 @@ def test_clang_compiles_basics_with_templates(clang, target):
 
 
 def test_hiprtc_compiles_basics_with_templates(hiprtc):
-    co = hip.compile(BASICS, target="gfx90a", name_expressions=TEMPLATES, filename="amd_basics.hip")
+    co = hiprtc_compiler.compile(BASICS, target="gfx90a", name_expressions=TEMPLATES, filename="amd_basics.hip")
     assert co.format == "hsaco"
-    assert hip.amdhsa_metadata(co.binary)["amdhsa.target"].endswith("gfx90a")
+    assert codeobject.amdhsa_metadata(co.binary)["amdhsa.target"].endswith("gfx90a")
     assert co.lowered["scale_vec<__half, 8>"] == "_Z9scale_vecI6__halfLi8EEvPKT_PS1_if"
     assert {"saxpy", "scale_float4", "half2_axpy", "block_sum"} <= _kernel_names(co.binary)
 
@@ -67,18 +74,18 @@ def test_policy_picks_hiprtc_for_gfx90a_and_clang_for_newer(monkeypatch):
     monkeypatch.delenv("ROCJIT_AMD_COMPILER", raising=False)
     if not hip.hiprtc_usable():
         _missing(f"hipRTC is not usable: {hip.hiprtc_status()[1]}")
-    assert toolchain.choose_compiler("gfx90a") == "hiprtc"
-    if hip.compiler_version().startswith("hiprtc 5."):   # ROCm 5.x hipRTC crashes on gfx942
-        assert toolchain.choose_compiler("gfx942") == "clang"
-        assert toolchain.choose_compiler("gfx950") == "clang"
+    assert compilers.amd_compiler_name("gfx90a") == "hiprtc"
+    if hiprtc_compiler.version().startswith("hiprtc 5."):   # ROCm 5.x hipRTC crashes on gfx942
+        assert compilers.amd_compiler_name("gfx942") == "clang"
+        assert compilers.amd_compiler_name("gfx950") == "clang"
         monkeypatch.setenv("ROCJIT_AMD_COMPILER", "hiprtc")
-        with pytest.raises(Exception, match="cannot compile gfx942"):
-            toolchain.choose_compiler("gfx942")
+        with pytest.raises(CompileError, match="cannot build gfx942"):
+            compilers.amd_compiler_name("gfx942")
     monkeypatch.setenv("ROCJIT_AMD_COMPILER", "clang")
-    assert toolchain.choose_compiler("gfx90a") == "clang"
+    assert compilers.amd_compiler_name("gfx90a") == "clang"
     monkeypatch.setenv("ROCJIT_AMD_COMPILER", "nvcc")
     with pytest.raises(ValueError, match="ROCJIT_AMD_COMPILER"):
-        toolchain.choose_compiler("gfx90a")
+        compilers.amd_compiler_name("gfx90a")
 
 
 SAXPY_LAYOUT = [(0, 8), (8, 8), (16, 4), (20, 4)]
@@ -86,27 +93,27 @@ SAXPY_LAYOUT = [(0, 8), (8, 8), (16, 4), (20, 4)]
 
 @pytest.mark.parametrize("target", CLANG_TARGETS)
 def test_param_layout_from_metadata_clang(clang, target):
-    co = toolchain.compile_amd(BASICS, target=target, name_expressions=TEMPLATES, filename="amd_basics.hip")
-    assert hip.param_layout(co.binary, mangled="saxpy") == SAXPY_LAYOUT
-    assert hip.param_layout(co.binary, mangled=co.lowered["scale_vec<__half, 8>"]) == SAXPY_LAYOUT
-    assert hip.param_layout(co.binary, mangled="no_such_kernel") is None
+    co = compile_amd(BASICS, target=target, name_expressions=TEMPLATES, filename="amd_basics.hip")
+    assert codeobject.param_layout(co.binary, "saxpy") == SAXPY_LAYOUT
+    assert codeobject.param_layout(co.binary, co.lowered["scale_vec<__half, 8>"]) == SAXPY_LAYOUT
+    assert codeobject.param_layout(co.binary, "no_such_kernel") is None
     # hidden arguments (block counts, ...) follow the explicit ones in the kernarg segment and are skipped
-    meta = hip.kernel_metadata(co.binary, "saxpy")
+    meta = codeobject.kernel_metadata(co.binary, "saxpy")
     assert any(a[".value_kind"].startswith("hidden_") for a in meta[".args"])
 
 
 def test_param_layout_from_metadata_hiprtc(hiprtc):
-    co = hip.compile(BASICS, target="gfx90a", filename="amd_basics.hip")
-    assert hip.param_layout(co.binary, mangled="saxpy") == SAXPY_LAYOUT
-    assert hip.param_layout(co.binary, mangled="scale_float4") == SAXPY_LAYOUT
+    co = hiprtc_compiler.compile(BASICS, target="gfx90a", filename="amd_basics.hip")
+    assert codeobject.param_layout(co.binary, "saxpy") == SAXPY_LAYOUT
+    assert codeobject.param_layout(co.binary, "scale_float4") == SAXPY_LAYOUT
 
 
 def test_param_layout_mixed_sizes(clang):
     src = ('#include <hip/hip_runtime.h>\n'
            'struct __attribute__((aligned(16))) Pair { float a, b, c, d; };\n'
            'extern "C" __global__ void k(char c, double d, short s, const int* p, Pair q, long long z) {}\n')
-    co = toolchain.compile_amd(src, target="gfx942", filename="mixed.hip")
-    assert hip.param_layout(co.binary, mangled="k") == [(0, 1), (8, 8), (16, 2), (24, 8), (32, 16), (48, 8)]
+    co = compile_amd(src, target="gfx942", filename="mixed.hip")
+    assert codeobject.param_layout(co.binary, "k") == [(0, 1), (8, 8), (16, 2), (24, 8), (32, 16), (48, 8)]
 
 
 @pytest.mark.parametrize("compiler", ["clang", "hiprtc"])
@@ -115,7 +122,7 @@ def test_syntax_error_names_the_line(compiler, request):
     bad = BASICS.replace("if (i < n) y[i] = a * x[i] + y[i];", "if (i < n) y[i] = a * x[i] + ;")
     line = bad.splitlines().index("    if (i < n) y[i] = a * x[i] + ;") + 1
     with pytest.raises(CompileError) as info:
-        toolchain.compile_amd(bad, target="gfx90a", filename="broken.hip")
+        compile_amd(bad, target="gfx90a", filename="broken.hip")
     text = str(info.value)
     assert f"broken.hip:{line}:" in text
     assert f">>{line:5d} |     if (i < n) y[i] = a * x[i] + ;" in text
@@ -124,29 +131,31 @@ def test_syntax_error_names_the_line(compiler, request):
 
 def test_bad_name_expression_is_a_compile_error(clang):
     with pytest.raises(CompileError, match="scale_vec<double, 4, 5>"):
-        toolchain.compile_amd(BASICS, target="gfx942", name_expressions=["scale_vec<double, 4, 5>"],
+        compile_amd(BASICS, target="gfx942", name_expressions=["scale_vec<double, 4, 5>"],
                               filename="amd_basics.hip")
 
 
 def test_fp8_mfma_needs_gfx942(clang):
     src = (KERNELS / "amd_mfma.hip").read_text().replace("#if defined(__gfx942__) || defined(__gfx950__)", "#if 1")
     for target in ("gfx942", "gfx950"):
-        assert "mfma_fp8" in _kernel_names(toolchain.compile_amd(src, target=target).binary)
+        assert "mfma_fp8" in _kernel_names(compile_amd(src, target=target).binary)
     with pytest.raises(CompileError):
-        toolchain.compile_amd(src, target="gfx90a")
+        compile_amd(src, target="gfx90a")
 
 
 def test_missing_toolchain_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("ROCJIT_TOOLCHAIN_DIR", str(tmp_path / "none"))
     monkeypatch.setenv("ROCJIT_AMD_COMPILER", "clang")
     with pytest.raises(toolchain.ToolchainMissingError, match="python -m rocjit toolchain install"):
-        toolchain.compile_amd(BASICS, target="gfx942")
+        compile_amd(BASICS, target="gfx942")
     status = toolchain.status()
     assert status["clang"]["installed"] is False and "toolchain install" in status["clang"]["hint"]
 
 
 def test_compiler_version_names_the_compiler(clang):
-    version = toolchain.compiler_version("gfx942")
+    from rocjit import compiler
+    compiler.compiler_version.cache_clear()
+    version = compiler.compiler_version("gfx942")
     assert "clang 1:22" in version and "device-libs" in version
 
 

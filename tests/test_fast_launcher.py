@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 import rocjit  # noqa: E402
 from rocjit import platform  # noqa: E402
+from rocjit.platform import FastLaunch  # noqa: E402
 from tests.fakeplatform import FakePlatform  # noqa: E402
 
 SRC = r"""
@@ -37,7 +38,7 @@ class FakeTensor:
 
 class FastFake(FakePlatform):
     def __init__(self, ndev):
-        super().__init__(lambda params: 0, layout=[(0, 4), (8, 8), (16, 8), (24, 4), (32, 8), (40, 1)])
+        super().__init__(lambda params: 0)
         self.ndev, self.driver_calls, self.pushed, self.result = ndev, [], [], OK
 
     def device_count(self):
@@ -50,7 +51,7 @@ class FastFake(FakePlatform):
                 (ctypes.c_float, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint64, ctypes.c_bool)))
             self.driver_calls.append((fn, (gx, gy, gz), (bx, by, bz), shared, stream, vals))
             return (self.result,)
-        return launch, (lambda f: ("wrapped", f)), OK
+        return FastLaunch(launch, lambda f: ("wrapped", f), OK, True)
 
     def push_current(self, dev):
         self.pushed.append(dev)
@@ -70,7 +71,7 @@ def _setup(monkeypatch, ndev):
     fp.pushed.clear()
     for d in range(1, ndev):                        # what a launch on another device would have loaded
         k._fns[d] = 10 + d
-        k._shared_limit[d] = 48 * 1024
+        k.shared_limit[d] = 48 * 1024
         k._fast_fns[d] = ("wrapped", 10 + d)
     assert callable(k._fast), "the fast launcher was not generated"
     general_calls = []

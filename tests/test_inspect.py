@@ -27,7 +27,10 @@ def clang(monkeypatch):
 
 
 def _amd(name: str, target: str, **kw) -> Compiled:
-    return toolchain.compile_amd((KERNELS / name).read_text(), target=target, filename=name, **kw)
+    from rocjit import compilers
+    compiler = compilers.compiler_for(target)
+    return compiler.compile((KERNELS / name).read_text(), target=target, filename=name,
+                            include_dirs=compiler.shim_dirs(), **kw)
 
 
 def _by_name(rows):
@@ -114,7 +117,8 @@ def test_amd_hiprtc_code_object(monkeypatch):
         if os.environ.get("ROCJIT_REQUIRE_AMD") == "1":
             pytest.fail(f"ROCJIT_REQUIRE_AMD=1 but hipRTC is not usable: {hip.hiprtc_status()[1]}")
         pytest.skip(f"hipRTC is not usable: {hip.hiprtc_status()[1]}")
-    co = hip.compile((KERNELS / "amd_mfma.hip").read_text(), target="gfx90a", filename="amd_mfma.hip")
+    from rocjit.compilers import hiprtc
+    co = hiprtc.compile((KERNELS / "amd_mfma.hip").read_text(), target="gfx90a", filename="amd_mfma.hip")
     r = resources(co, "mfma_f32")[0]
     assert r.target == "gfx90a" and r.vgpr > 0
     if toolchain.find() is not None:
@@ -154,8 +158,8 @@ extern "C" __global__ void staged(const float* x, float* y) {
 @pytest.fixture(scope="module")
 def cubin():
     try:
-        from rocjit.platform import cuda
-        return cuda.compile(NV_SOURCE, target="sm_90a", options=["-Xptxas=-v"], include_dirs=(), filename="nv.cu")
+        from rocjit.compilers import nvrtc
+        return nvrtc.compile(NV_SOURCE, target="sm_90a", options=["-Xptxas=-v"], include_dirs=(), filename="nv.cu")
     except Exception as e:   # cuda-bindings / NVRTC missing
         pytest.skip(f"NVRTC is not usable here: {e}")
 

@@ -231,16 +231,14 @@ __global__ void k(float a, const float* x, float4* y, int n, unsigned long long 
 
 class NativeFake(FastFake):
     """The fast-launcher test platform with the native hook: CPU tensors play GPU ones (DLPack device type CPU)."""
+    DLPACK_DEVICE_TYPE = KDL_CPU
 
     def __init__(self, drv):
         super().__init__(1)
         self.drv = drv
 
     def native_launch(self):
-        return self.drv.launch_addr, self.drv.ctx_addr, KDL_CPU
-
-    def context_handle(self, dev):
-        return 0xC0
+        return self.drv.launch_addr, self.drv.ctx_addr
 
 
 def test_kernels_launch_natively_and_errors_still_name_the_parameter(mod, monkeypatch):

@@ -31,7 +31,7 @@ def _emulate_axpy(params):
 
 @pytest.fixture
 def fake(monkeypatch):
-    fp = FakePlatform(_emulate_axpy, layout=[(0, 4), (8, 8), (16, 8), (24, 4)])
+    fp = FakePlatform(_emulate_axpy)
     monkeypatch.setattr(platform, "_selected", fp)
     return fp
 
@@ -133,11 +133,17 @@ def test_launch_error_carries_vendor_name(fake):
 
 
 def test_layout_disagreeing_with_source_is_reported(fake):
-    fake.layout = [(0, 4), (8, 8), (16, 8)]
-    k = rocjit.kernel(AXPY)
+    """The parser does not evaluate #if: the compiled kernel's own parameter records overrule it, before a launch."""
+    src = ("#ifdef WIDE\n__global__ void k(double a, float* x, int n) {}\n"
+           "#else\n__global__ void k(float a, float* x) {}\n#endif\n")
     x = np.zeros(4, np.float32)
-    with pytest.raises(rocjit.RocjitError, match="declares 4 parameters but the compiled kernel has 3"):
-        k[1, 32](1.0, x, x, 4)
+    with pytest.raises(rocjit.RocjitError, match="declares 3 parameters but the compiled kernel has 2"):
+        rocjit.kernel(src)[1, 32](1.0, x, 4)
+    assert fake.loaded == [] and fake.launches == []
+    with pytest.raises(rocjit.RocjitError, match=r"parameter 'a' \(double a\) is 4 bytes in the compiled kernel, 8"):
+        rocjit.kernel(src.replace("int n", "int n, int m").replace("float* x)", "float* x, int n, int m)"))[1, 32](
+            1.0, x, 4, 5)
+    assert fake.loaded == [] and fake.launches == []
 
 
 def test_kernel_name_required_when_ambiguous():
@@ -218,26 +224,29 @@ def test_staging_wrappers_need_numpy():
 
 
 def test_ptx_version_lowering():
+    from rocjit.platform import cuda
     ptx = "//\n.version 9.2\n.target sm_90a\n"
-    assert ".version 9.0\n" in importlib.import_module("rocjit.kernel")._lower_ptx_version(ptx, (13, 0))
-    assert ".version 8.5\n" in importlib.import_module("rocjit.kernel")._lower_ptx_version(ptx, (12, 6))
+    assert ".version 9.0\n" in cuda.lower_ptx_version(ptx, (13, 0))
+    assert ".version 8.5\n" in cuda.lower_ptx_version(ptx, (12, 6))
 
 
 def test_driver_rejecting_new_nvrtc_code_falls_back_to_ptx(fake, monkeypatch):
     """A driver older than NVRTC rejects the cubin: rocjit warns and loads PTX lowered to the driver's ISA."""
+    from rocjit.compilers import nvrtc
+    from rocjit.platform import cuda
     kmod = importlib.import_module("rocjit.kernel")
     loaded = []
 
-    def load_module(binary, dev):
+    def load_binary(binary, dev):
         if binary[:4] == b"\x7fELF":
             raise rocjit.LaunchError("cuModuleLoadData failed", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
         loaded.append(binary)
         return 1
 
-    fake.NAME = "cuda"
-    fake.load_module = load_module
-    fake.driver_version = lambda: (13, 0)
-    fake.compiler_version = lambda: "nvrtc 13.5"
+    monkeypatch.setattr(cuda, "_load_binary", load_binary)
+    monkeypatch.setattr(cuda, "driver_version", lambda: (13, 0))
+    monkeypatch.setattr(nvrtc, "version", lambda: "nvrtc 13.5")
+    fake.load = cuda.load          # the CUDA platform's own loader, over the stubbed driver calls
     monkeypatch.setattr(kmod, "_modules", {})
     k = rocjit.kernel(AXPY.replace("axpy", "axpy_fallback"))
     x = np.ones(4, np.float32)

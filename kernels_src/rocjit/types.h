@@ -11,30 +11,10 @@
 #ifndef __HIPCC_RTC__  // hipRTC has __half built in; its header would redefine it
 #include <hip/hip_fp16.h>
 #endif
-#if __has_include(<hip/hip_bf16.h>)
-#include <hip/hip_bf16.h>
-#else
-#define ROCJIT_OWN_BF16 1  // old hipRTC (ROCm 5.x) ships no bf16 header
-#endif
+#include <hip/hip_bf16.h>  // under hipRTC 5.x rocjit's own (kernels_src/hiprtc_shim), defining ROCJIT_OWN_BF16
 #endif
 
 #ifdef ROCJIT_OWN_BF16
-// The storage type and the conversions kernels need (round-to-nearest-even, NaN kept).
-struct __hip_bfloat16 { unsigned short data; };
-struct __hip_bfloat162 { __hip_bfloat16 x, y; };
-ROCJIT_INLINE float __bfloat162float(__hip_bfloat16 b) { return __uint_as_float((unsigned int)b.data << 16); }
-ROCJIT_INLINE __hip_bfloat16 __float2bfloat16(float f) {
-    unsigned int u = __float_as_uint(f);
-    unsigned int rounded = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : u + 0x7fffu + ((u >> 16) & 1u);
-    return __hip_bfloat16{(unsigned short)(rounded >> 16)};
-}
-ROCJIT_INLINE float2 __bfloat1622float2(__hip_bfloat162 v) { return make_float2(__bfloat162float(v.x), __bfloat162float(v.y)); }
-ROCJIT_INLINE __hip_bfloat162 __float22bfloat162_rn(float2 f) { return __hip_bfloat162{__float2bfloat16(f.x), __float2bfloat16(f.y)}; }
-ROCJIT_INLINE __hip_bfloat162 __hadd2(__hip_bfloat162 a, __hip_bfloat162 b) {
-    return __hip_bfloat162{__float2bfloat16(__bfloat162float(a.x) + __bfloat162float(b.x)),
-                           __float2bfloat16(__bfloat162float(a.y) + __bfloat162float(b.y))};
-}
-
 namespace rocjit {
 // These bf16 values are read and written 16 bits at a time. LLVM 15 (SROA, AMDGPU promote-alloca) keeps
 // a chunk in registers only when its whole-chunk accesses have lanes that line up with those accesses: a

@@ -1,34 +1,13 @@
-"""Vendor backends. Each module (``cuda.py``, ``hip.py``) exposes the same small interface:
-
-    NAME                                   "cuda" | "hip"
-    is_available() -> bool                 a driver and at least one GPU are visible (cached)
-    device_count() -> int
-    device_name(dev) -> str
-    device_target(dev) -> str              "sm_90a", "gfx942", ...
-    device_attributes(dev) -> dict         sm_count / cu_count, max_shared_per_block_optin, warp_size, l2_bytes
-    compiler_version() -> str
-    compile(source, *, target, options, include_dirs, name_expressions, filename) -> Compiled
-    load_module(binary, dev) -> module     in the device's primary context
-    get_function(module, mangled) -> fn
-    function_info(fn) -> dict              num_regs, shared_bytes, local_bytes, max_threads
-    param_layout(binary, module, fn, mangled, count=None) -> list[(offset, size)] | None
-    set_max_dynamic_shared(fn, nbytes)
-    launch(fn, grid, block, shared_mem, stream, kernel_params)
-                                           kernel_params: ctypes array of void* (one per parameter)
-    malloc(nbytes, dev) / free(ptr) / memcpy_htod(dst, src_ptr, n) / memcpy_dtoh(dst_ptr, src, n)
-    synchronize(dev) / check_last(dev)     check_last raises LaunchError on a sticky error
-    pointer_device(ptr) -> int | None      device ordinal of device memory, None for host memory
-    set_current(dev)                       make the device's primary context current
-    push_current(dev) -> bool / pop_current()   optional: the same for one launch, restoring the caller's context
-    error_name(code) -> str
-
-Nothing here imports a vendor binding at module import time: ``get()`` does it lazily.
+"""Vendor backends: ``cuda.py`` and ``hip.py`` each implement the whole ``Platform`` protocol below, so the core
+never asks which vendor it runs on. Vendor quirks (the CUDA driver's PTX downgrade, HIP's library names) stay in
+the vendor's file. Nothing here imports a vendor binding at module import time: ``get()`` does it lazily.
 """
 from __future__ import annotations
 
 import importlib
 import os
 from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 PLATFORMS = ("cuda", "hip")
 
@@ -42,6 +21,59 @@ class Compiled:
     lowered: dict = field(default_factory=dict)   # name expression -> mangled symbol
     log: str = ""
     key: str = ""                    # cache key (set by rocjit.compiler)
+
+
+class FastLaunch(NamedTuple):
+    """What generated Python launchers call: ``call(function, gx, gy, gz, bx, by, bz, shared_mem, stream,
+    params_address, 0)``, a compiled binding of the driver's launch function."""
+    call: Callable
+    wrap_function: Callable      # a loaded function -> what `call` takes as its first argument
+    success: Any                 # what `call` returns (or returns first, when returns_tuple) on success
+    returns_tuple: bool
+
+
+@runtime_checkable
+class Platform(Protocol):
+    """One vendor's runtime: devices, loading, launching and the memory staging needs."""
+    NAME: str
+    DLPACK_DEVICE_TYPE: int      # what the framework's DLPack exchange reports for this vendor's GPUs
+
+    def is_available(self) -> bool: ...
+    def unavailable_reason(self) -> str: ...
+    def device_count(self) -> int: ...
+    def device_name(self, dev: int) -> str: ...
+    def device_target(self, dev: int) -> str: ...
+    def device_attributes(self, dev: int) -> dict: ...
+
+    def load(self, code: Compiled, dev: int, recompile: Callable[[str], Compiled]) -> Any:
+        """The code object as a module on `dev` (current); `recompile(target)` builds it for another target."""
+    def get_function(self, module, mangled: str) -> Any: ...
+    def function_handle(self, fn) -> int:
+        """The raw function handle the driver's launch call takes."""
+    def function_info(self, fn) -> dict: ...
+    def set_max_dynamic_shared(self, fn, nbytes: int) -> None: ...
+    def context_handle(self, dev: int) -> int:
+        """`dev`'s context: the native launcher launches only while it is current."""
+    def push_current(self, dev: int) -> bool:
+        """Make `dev` current; True when pop_current() must restore the caller's afterwards."""
+    def pop_current(self) -> None: ...
+
+    def launch(self, fn, grid, block, shared_mem: int, stream: int, kernel_params) -> int:
+        """kernel_params: a ctypes array of void*, one per parameter. Returns the driver's error code."""
+    def fast_launch(self) -> FastLaunch: ...
+    def native_launch(self) -> tuple[int, int]:
+        """(launch function address, current-context getter address) for rocjit/launcher.c."""
+    def error_name(self, code) -> str: ...
+
+    def malloc(self, nbytes: int, dev: int) -> int: ...
+    def free(self, ptr: int) -> None: ...
+    def memcpy_htod(self, dst: int, src_ptr: int, nbytes: int) -> None: ...
+    def memcpy_dtoh(self, dst_ptr: int, src: int, nbytes: int) -> None: ...
+    def synchronize(self, dev: int) -> None: ...
+    def check_last(self, dev: int) -> None:
+        """Raise LaunchError on a sticky error from an earlier launch."""
+    def pointer_device(self, ptr: int) -> int | None:
+        """The device ordinal owning `ptr`, None for host memory."""
 
 
 _selected = None
@@ -81,12 +113,3 @@ def get():
     from rocjit.errors import PlatformError
     raise PlatformError("no GPU found. " + "; ".join(reasons) +
                         ". Compiling for a named target works without a GPU: rocjit.compile(src, target='sm_90a').")
-
-
-def backend_for_target(target: str):
-    """The vendor module whose compiler builds for `target` (sm_* -> cuda, gfx* -> hip)."""
-    if target.startswith(("sm_", "compute_")):
-        return backend("cuda")
-    if target.startswith("gfx"):
-        return backend("hip")
-    raise ValueError(f"target {target!r} is neither an NVIDIA sm_XX nor an AMD gfxNNN target")

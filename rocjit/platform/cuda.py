@@ -1,22 +1,22 @@
-"""NVIDIA backend: NVRTC compiles, the driver API (primary contexts, shared with torch) loads and launches.
-
-Compilation needs only the pip wheels (cuda-bindings + nvidia-cuda-nvrtc), no GPU. Launches go through the native
-launcher (rocjit/launcher.c, calling ``cuLaunchKernel`` from C) where it could be built, else through cuda-bindings'
-compiled ``cuLaunchKernel`` (measured cheaper than the same call through ctypes).
+"""NVIDIA backend: the driver API (primary contexts, shared with torch) loads and launches; NVRTC compiles
+(rocjit.compilers.nvrtc). Launches go through the native launcher (rocjit/launcher.c, calling ``cuLaunchKernel``
+from C) where it could be built, else through cuda-bindings' compiled ``cuLaunchKernel``.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
+import re
 import threading
+import warnings
 
-from rocjit.errors import CompileError, LaunchError, PlatformError
-from rocjit.platform import Compiled
+from rocjit import targets
+from rocjit.errors import LaunchError, PlatformError
+from rocjit.platform import FastLaunch
 
 NAME = "cuda"
+DLPACK_DEVICE_TYPE = 2      # kDLCUDA
 _SUCCESS = 0
-_KDL_CUDA = 2       # DLPack device type
 
 
 # ----------------------------------------------------------------------------- driver (ctypes)
@@ -32,7 +32,7 @@ class _Driver:
             "cuDevicePrimaryCtxRetain": (P, I), "cuCtxSetCurrent": (P,), "cuCtxGetCurrent": (P,),
             "cuCtxSynchronize": (), "cuModuleLoadData": (P, ctypes.c_char_p),
             "cuModuleGetFunction": (P, P, ctypes.c_char_p), "cuFuncGetAttribute": (P, I, P),
-            "cuFuncSetAttribute": (P, I, I), "cuFuncGetParamInfo": (P, S, P, P),
+            "cuFuncSetAttribute": (P, I, I),
             "cuLaunchKernel": (P, U, U, U, U, U, U, U, P, P, P),
             "cuMemAlloc_v2": (P, S), "cuMemFree_v2": (P,), "cuMemcpyHtoD_v2": (ctypes.c_uint64, P, S),
             "cuMemcpyDtoH_v2": (P, ctypes.c_uint64, S), "cuPointerGetAttribute": (P, I, ctypes.c_uint64),
@@ -170,103 +170,47 @@ def pop_current() -> None:
     _drv().check(_drv().cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p())), "cuCtxPopCurrent")
 
 
-# ----------------------------------------------------------------------------- compile (no GPU needed)
-@functools.lru_cache(maxsize=1)
-def _nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as e:
-        raise PlatformError("NVRTC needs the cuda extra: pip install 'rocjit[cuda]'") from e
-    return nvrtc
-
-
-@functools.lru_cache(maxsize=1)
-def compiler_version() -> str:
-    """NVRTC's version, for cache keys. The pip wheel's exact version is read from its metadata (no library load,
-    which keeps a cache hit cheap; NVRTC is found in site-packages first); otherwise NVRTC is asked."""
-    from importlib import metadata
-    for dist in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
-        try:
-            return f"nvrtc {metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            pass
-    err, major, minor = _nvrtc().nvrtcVersion()
-    return f"nvrtc {major}.{minor}"
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_include_dirs() -> tuple[str, ...]:
-    """CUDA headers for NVRTC (cuda_fp16.h & co): from the pip wheels, else a local toolkit."""
-    try:
-        from cuda import pathfinder
-        d = pathfinder.find_nvidia_header_directory("cudart")
-        if d:
-            return (d,)
-    except Exception:
-        pass
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and os.path.isfile(os.path.join(root, "include", "cuda_fp16.h")):
-            return (os.path.join(root, "include"),)
-    return ()
-
-
-def _nvrtc_call(result, what, prog=None, source="", filename="", target=""):
-    err, *rest = result
-    if int(err) != 0:
-        log = _program_log(prog) if prog is not None else ""
-        if prog is not None:
-            raise CompileError(log or str(err), source, filename, target, compiler_version())
-        raise PlatformError(f"{what} failed: {err}")
-    return rest[0] if len(rest) == 1 else rest
-
-
-def _program_log(prog) -> str:
-    nv = _nvrtc()
-    _, n = nv.nvrtcGetProgramLogSize(prog)
-    buf = bytearray(n)
-    nv.nvrtcGetProgramLog(prog, buf)
-    return bytes(buf).rstrip(b"\x00 ").decode(errors="replace")
-
-
-def compile(source: str, *, target: str, options=(), include_dirs=(), name_expressions=(),
-            filename: str = "kernel.hip") -> Compiled:
-    """NVRTC: HIP-flavoured CUDA C++ -> cubin for `target` (sm_XX) or PTX for `compute_XX`."""
-    nv = _nvrtc()
-    as_ptx = target.startswith("compute_")
-    prog = _nvrtc_call(nv.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []), "nvrtcCreateProgram")
-    try:
-        for expr in name_expressions:
-            _nvrtc_call(nv.nvrtcAddNameExpression(prog, expr.encode()), "nvrtcAddNameExpression")
-        opts = [f"--gpu-architecture={target}", "-std=c++17", "-default-device", "--device-as-default-execution-space"]
-        opts += [f"-I{d}" for d in (*include_dirs, *cuda_include_dirs())]
-        opts += list(options)
-        err, = nv.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        log = _program_log(prog)
-        if int(err) != 0:
-            raise CompileError(log, source, filename, target, compiler_version())
-        lowered = {e: _nvrtc_call(nv.nvrtcGetLoweredName(prog, e.encode()), "nvrtcGetLoweredName").decode()
-                   for e in name_expressions}
-        if as_ptx:
-            n = _nvrtc_call(nv.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-            buf = bytearray(n)
-            _nvrtc_call(nv.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
-            return Compiled(bytes(buf), "ptx", target, lowered, log)
-        n = _nvrtc_call(nv.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        buf = bytearray(n)
-        _nvrtc_call(nv.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
-        return Compiled(bytes(buf), "cubin", target, lowered, log)
-    finally:
-        nv.nvrtcDestroyProgram(prog)
-
-
 # ----------------------------------------------------------------------------- modules & functions
-def load_module(binary: bytes, dev: int) -> int:
+def _load_binary(binary: bytes, dev: int) -> int:
     """Load into the current context, which the caller has made dev's primary context (push_current)."""
     mod = ctypes.c_void_p()
     err = _drv().cuModuleLoadData(ctypes.byref(mod), binary)
     if err != _SUCCESS:
         raise LaunchError(f"cuModuleLoadData on device {dev} ({device_name(dev)}) failed", error_name(err))
     return mod.value
+
+
+_DRIVER_TOO_OLD = {"CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE",
+                   "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY"}
+# CUDA release -> the PTX ISA version its driver JIT accepts
+_PTX_ISA = {(12, 0): "8.0", (12, 1): "8.1", (12, 2): "8.2", (12, 3): "8.3", (12, 4): "8.4", (12, 5): "8.5",
+            (12, 6): "8.5", (12, 8): "8.7", (12, 9): "8.8", (13, 0): "9.0", (13, 1): "9.1", (13, 2): "9.2"}
+
+
+def lower_ptx_version(ptx: str, drv) -> str:
+    isa = _PTX_ISA.get(tuple(drv))
+    return re.sub(r"^\.version\s+\d+\.\d+", f".version {isa}", ptx, count=1, flags=re.M) if isa else ptx
+
+
+def load(code, dev: int, recompile) -> int:
+    """Load the cubin; if the driver rejects code from a newer NVRTC, retry with PTX lowered to the driver's ISA."""
+    try:
+        return _load_binary(code.binary, dev)
+    except LaunchError as e:
+        if e.error_name not in _DRIVER_TOO_OLD or targets.is_ptx(code.target):
+            raise
+        from rocjit.compilers import nvrtc
+        drv, built_by = driver_version(), nvrtc.version()
+        warnings.warn(f"rocjit: the driver (CUDA {drv[0]}.{drv[1]}) rejected code built by {built_by} "
+                      f"({e.error_name}); retrying with PTX for the driver's version", RuntimeWarning, stacklevel=5)
+        ptx = recompile("compute_" + code.target[3:])
+        try:
+            return _load_binary(lower_ptx_version(ptx.binary.decode(), drv).encode() + b"\0", dev)
+        except LaunchError as e2:
+            raise LaunchError(f"the driver (CUDA {drv[0]}.{drv[1]}) cannot load code from {built_by}, even as PTX; "
+                              f"install an nvidia-cuda-nvrtc wheel no newer than the driver "
+                              f"(pip install 'nvidia-cuda-nvrtc<={drv[0]}.{drv[1]}') or update the driver",
+                              e2.error_name) from None
 
 
 def get_function(module: int, mangled: str) -> int:
@@ -291,18 +235,8 @@ def function_info(fn: int) -> dict:
             "local_bytes": _func_attr(fn, _F_LOCAL), "max_threads": _func_attr(fn, _F_MAX_THREADS)}
 
 
-def param_layout(binary, module, fn: int, mangled: str, count: int | None = None):
-    """[(offset, size)] per kernel parameter, read from the loaded function (driver >= 12.4). With `count` (the
-    source's parameter count) only those are asked for: probing past the end is an API error that
-    compute-sanitizer reports."""
-    out, off, size = [], ctypes.c_size_t(), ctypes.c_size_t()
-    for i in range(4096 if count is None else count):
-        err = _drv().cuFuncGetParamInfo(fn, i, ctypes.byref(off), ctypes.byref(size))
-        if err != _SUCCESS:
-            # CUDA_ERROR_INVALID_VALUE past the last parameter; older drivers lack the call entirely.
-            return out if (i > 0 or err == 1) else None
-        out.append((off.value, size.value))
-    return out
+def function_handle(fn: int) -> int:
+    return fn
 
 
 def set_max_dynamic_shared(fn: int, nbytes: int) -> None:
@@ -315,11 +249,10 @@ def launch(fn, grid, block, shared_mem, stream, kernel_params) -> int:
                                  shared_mem, stream, kernel_params, None)
 
 
-def native_launch():
-    """(cuLaunchKernel address, cuCtxGetCurrent address, DLPack device type) for the native launcher."""
+def native_launch() -> tuple[int, int]:
+    """(cuLaunchKernel address, cuCtxGetCurrent address) for the native launcher."""
     d = _drv()
-    return (ctypes.cast(d.cuLaunchKernel, ctypes.c_void_p).value, ctypes.cast(d.cuCtxGetCurrent, ctypes.c_void_p).value,
-            _KDL_CUDA)
+    return ctypes.cast(d.cuLaunchKernel, ctypes.c_void_p).value, ctypes.cast(d.cuCtxGetCurrent, ctypes.c_void_p).value
 
 
 def context_handle(dev: int) -> int:
@@ -327,12 +260,10 @@ def context_handle(dev: int) -> int:
     return _context(dev)
 
 
-def fast_launch():
-    """(launch, wrap_function, success) for generated launchers: cuda-bindings' cuLaunchKernel is a compiled call,
-    measured cheaper than the same call through ctypes. It takes (function, gx, gy, gz, bx, by, bz, shared_mem,
-    stream_int, params_address, 0) and returns a tuple whose first item is `success` on success."""
+def fast_launch() -> FastLaunch:
+    """cuda-bindings' cuLaunchKernel: a compiled call, measured cheaper than the same call through ctypes."""
     from cuda.bindings import driver
-    return driver.cuLaunchKernel, driver.CUfunction, driver.CUresult.CUDA_SUCCESS
+    return FastLaunch(driver.cuLaunchKernel, driver.CUfunction, driver.CUresult.CUDA_SUCCESS, True)
 
 
 # ----------------------------------------------------------------------------- memory (staging)

@@ -1,22 +1,21 @@
-"""AMD backend: hipRTC compile -> code object (hsaco); hip-python module load and launch.
+"""AMD backend: hip-python loads modules and launches them; hipRTC / clang compile (rocjit.compilers).
 
-hip-python is imported on first use. Code-object reading (ELF sections, symbols and the
-amdhsa msgpack metadata note) is plain Python here, so it works without ROCm or a GPU.
+hip-python is imported on first use. ``hipModuleLaunchKernel`` takes ``cuLaunchKernel``'s arguments, so the
+generated Python launcher and the native one work here as they do on NVIDIA.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import os
-import re
-import struct
 import threading
 from dataclasses import dataclass
 
-from rocjit.errors import CompileError, LaunchError, PlatformError
-from rocjit.platform import Compiled
+from rocjit.errors import LaunchError, PlatformError
+from rocjit.platform import FastLaunch
 
 NAME = "hip"
+DLPACK_DEVICE_TYPE = 10     # kDLROCM: what torch on ROCm reports for its GPUs
 
 
 # ----------------------------------------------------------------------------------------
@@ -63,7 +62,7 @@ _loader_patched = False
 
 
 def _teach_loader():
-    """Make hip-python resolve libraries through `_library_path` (idempotent)."""
+    """Make hip-python resolve libraries through `library_path` (idempotent)."""
     global _loader_patched
     if _loader_patched:
         return
@@ -76,16 +75,16 @@ def _teach_loader():
 
     def resolve(shortname, *args, **kwargs):
         if shortname in ("amdhip64", "hiprtc") and not args and not kwargs:
-            return os.fsencode(_library_path(shortname))
+            return os.fsencode(library_path(shortname))
         return original(shortname, *args, **kwargs)
 
-    # _library_path asks the original resolver first, so keep a handle on it.
+    # library_path asks the original resolver first, so keep a handle on it.
     paths._rocjit_original_get_library_path = original
     paths.get_library_path = resolve
     _loader_patched = True
 
 
-def _bindings():
+def bindings():
     """(hip, hiprtc) modules of hip-python, with the library resolver prepared."""
     _teach_loader()
     try:
@@ -96,7 +95,7 @@ def _bindings():
 
 
 @functools.lru_cache(maxsize=None)
-def _library_path(shortname: str) -> str:
+def library_path(shortname: str) -> str:
     """The path or soname to dlopen for 'amdhip64' / 'hiprtc': hip-python's own answer
     when it is loadable, else a versioned soname the system loader finds."""
     try:
@@ -110,7 +109,7 @@ def _library_path(shortname: str) -> str:
     return _fallback_library(shortname) or found
 
 
-def _ok(result, what: str):
+def check(result, what: str):
     """Unpack a hip-python result tuple `(err, values...)`, raising on an error code."""
     if isinstance(result, tuple):
         err, values = result[0], result[1:]
@@ -128,7 +127,7 @@ def error_name(code) -> str:
     if name:
         return name
     try:
-        hip, _ = _bindings()
+        hip, _ = bindings()
         return hip.hipError_t(int(code)).name
     except Exception:
         return f"hipError {int(code)}"
@@ -140,7 +139,7 @@ def error_name(code) -> str:
 @functools.lru_cache(maxsize=None)
 def _probe() -> tuple[bool, str]:
     try:
-        hip, _ = _bindings()
+        hip, _ = bindings()
     except PlatformError as e:
         return False, str(e)
     try:
@@ -168,7 +167,7 @@ def unavailable_reason() -> str:
 def hiprtc_status() -> tuple[bool, str]:
     """(usable, detail): can hipRTC compile here (no GPU needed)?"""
     try:
-        _, hiprtc = _bindings()
+        _, hiprtc = bindings()
     except PlatformError as e:
         return False, str(e)
     try:
@@ -177,223 +176,11 @@ def hiprtc_status() -> tuple[bool, str]:
         return False, f"libhiprtc is not loadable ({e}); on Debian 12: apt-get install libamdhip64-5 libamd-comgr2 rocm-device-libs libhiprtc-builtins5"
     if int(result[0]) != 0:
         return False, f"hiprtcVersion failed: {result[0]}"
-    return True, _library_path("hiprtc")
+    return True, library_path("hiprtc")
 
 
 def hiprtc_usable() -> bool:
     return hiprtc_status()[0]
-
-
-@functools.lru_cache(maxsize=None)
-def compiler_version() -> str:
-    """hipRTC's version, read from the HIP runtime it ships with (e.g. 'hiprtc 5.2.21153')."""
-    hip, hiprtc = _bindings()
-    try:
-        version = _ok(hip.hipRuntimeGetVersion(), "hipRuntimeGetVersion")
-    except (LaunchError, RuntimeError):
-        major, minor = _ok(hiprtc.hiprtcVersion(), "hiprtcVersion")
-        return f"hiprtc {major}.{minor} ({_library_path('hiprtc')})"
-    # HIP_VERSION = major * 10_000_000 + minor * 100_000 + patch
-    return f"hiprtc {version // 10_000_000}.{version // 100_000 % 100}.{version % 100_000}"
-
-
-# ----------------------------------------------------------------------------------------
-# Compile (hipRTC)
-
-def _has_std(options) -> bool:
-    return any(str(o).startswith(("-std=", "--std=")) for o in options)
-
-
-def compile(source: str, *, target: str, options=(), include_dirs=(), name_expressions=(),
-            filename: str = "<source>") -> Compiled:
-    """hipRTC: source -> hsaco for `target` (e.g. 'gfx90a'). Name expressions are lowered."""
-    _, hiprtc = _bindings()
-    if not hiprtc_usable():
-        raise PlatformError(f"hipRTC is not usable: {hiprtc_status()[1]}")
-    opts = [f"--offload-arch={target}", "-O3"]
-    if not _has_std(options):
-        opts.append("-std=c++17")
-    opts += [f"-I{d}" for d in include_dirs] + [str(o) for o in options]
-    with _hiprtc_lock:
-        return _compile_locked(hiprtc, source, target, opts, name_expressions, filename)
-
-
-# hipRTC (comgr) in ROCm 5.x is not documented as thread-safe: one program at a time.
-_hiprtc_lock = threading.Lock()
-
-
-def _compile_locked(hiprtc, source, target, opts, name_expressions, filename) -> Compiled:
-    prog = _ok(hiprtc.hiprtcCreateProgram(source.encode(), os.path.basename(filename).encode(), 0, [], []),
-               "hiprtcCreateProgram")
-    try:
-        for expr in name_expressions:
-            _ok(hiprtc.hiprtcAddNameExpression(prog, expr.encode()), f"hiprtcAddNameExpression({expr!r})")
-        encoded = [o.encode() for o in opts]
-        status = hiprtc.hiprtcCompileProgram(prog, len(encoded), encoded)[0]
-        # hipRTC (comgr) names the source 'CompileSource' in a temp dir: show the caller's name.
-        log = re.sub(r"\S*/input/CompileSource\b", lambda _: filename, _program_log(hiprtc, prog))
-        if int(status) != 0:
-            raise CompileError(log or str(status), source, filename, target, compiler_version())
-        size = _ok(hiprtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
-        code = bytearray(size)
-        _ok(hiprtc.hiprtcGetCode(prog, code), "hiprtcGetCode")
-        lowered = {}
-        for expr in name_expressions:
-            name = _ok(hiprtc.hiprtcGetLoweredName(prog, expr.encode()), f"hiprtcGetLoweredName({expr!r})")
-            lowered[expr] = name.decode() if isinstance(name, bytes) else str(name)
-    finally:
-        hiprtc.hiprtcDestroyProgram(prog.createRef())   # the C API takes hiprtcProgram*
-    return Compiled(binary=bytes(code), format="hsaco", target=target, lowered=lowered, log=log)
-
-
-def _program_log(hiprtc, prog) -> str:
-    size = _ok(hiprtc.hiprtcGetProgramLogSize(prog), "hiprtcGetProgramLogSize")
-    if not size:
-        return ""
-    buf = bytearray(size)
-    _ok(hiprtc.hiprtcGetProgramLog(prog, buf), "hiprtcGetProgramLog")
-    return bytes(buf).rstrip(b"\0").decode(errors="replace")
-
-
-# ----------------------------------------------------------------------------------------
-# Code objects: ELF64 sections, symbols, relocations and the amdhsa metadata note.
-
-SHT_SYMTAB, SHT_NOTE, SHT_RELA, SHT_DYNSYM = 2, 7, 4, 11
-NT_AMDGPU_METADATA = 32
-STT_OBJECT, STT_FUNC = 1, 2
-
-
-@dataclass(frozen=True)
-class ElfSection:
-    name: str
-    type: int
-    addr: int
-    offset: int
-    size: int
-    link: int
-    entsize: int
-
-
-@dataclass(frozen=True)
-class ElfSymbol:
-    name: str
-    value: int
-    size: int
-    type: int        # STT_*
-    section: int
-
-
-def _check_elf(binary: bytes):
-    if len(binary) < 64 or binary[:4] != b"\x7fELF":
-        raise ValueError("not an ELF code object (expected an AMDGPU hsaco or an NVIDIA cubin)")
-    if binary[4] != 2 or binary[5] != 1:
-        raise ValueError("only little-endian ELF64 code objects are supported")
-
-
-def elf_machine(binary: bytes) -> tuple[int, int]:
-    """(e_machine, e_flags): 224 is EM_AMDGPU, 190 EM_CUDA."""
-    _check_elf(binary)
-    return struct.unpack_from("<H", binary, 0x12)[0], struct.unpack_from("<I", binary, 0x30)[0]
-
-
-def elf_sections(binary: bytes) -> list[ElfSection]:
-    _check_elf(binary)
-    shoff, = struct.unpack_from("<Q", binary, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", binary, 0x3A)
-    raw = [struct.unpack_from("<IIQQQQIIQQ", binary, shoff + i * shentsize) for i in range(shnum)]
-    names_off = raw[shstrndx][4] if shnum else 0
-    sections = []
-    for (name, typ, _flags, addr, offset, size, link, _info, _align, entsize) in raw:
-        sections.append(ElfSection(_cstring(binary, names_off + name), typ, addr, offset, size, link, entsize))
-    return sections
-
-
-def _cstring(binary: bytes, offset: int) -> str:
-    end = binary.index(b"\0", offset)
-    return binary[offset:end].decode(errors="replace")
-
-
-def elf_symbols(binary: bytes, dynamic: bool = False) -> list[ElfSymbol]:
-    """Symbols of .symtab (or .dynsym), in table order."""
-    sections = elf_sections(binary)
-    wanted = SHT_DYNSYM if dynamic else SHT_SYMTAB
-    out = []
-    for sec in sections:
-        if sec.type != wanted:
-            continue
-        strtab = sections[sec.link]
-        for off in range(sec.offset, sec.offset + sec.size, sec.entsize or 24):
-            name, info, _other, shndx, value, size = struct.unpack_from("<IBBHQQ", binary, off)
-            out.append(ElfSymbol(_cstring(binary, strtab.offset + name), value, size, info & 0xF, shndx))
-    return out
-
-
-def elf_relocations(binary: bytes) -> list[tuple[int, int, int, int]]:
-    """(r_offset, symbol index, type, addend) for every RELA entry."""
-    out = []
-    for sec in elf_sections(binary):
-        if sec.type == SHT_RELA:
-            for off in range(sec.offset, sec.offset + sec.size, sec.entsize or 24):
-                r_offset, r_info, addend = struct.unpack_from("<QQq", binary, off)
-                out.append((r_offset, r_info >> 32, r_info & 0xFFFFFFFF, addend))
-    return out
-
-
-def elf_notes(binary: bytes):
-    """Yield (owner, type, desc bytes) of every note in every SHT_NOTE section."""
-    for sec in elf_sections(binary):
-        if sec.type != SHT_NOTE:
-            continue
-        pos, end = sec.offset, sec.offset + sec.size
-        while pos + 12 <= end:
-            namesz, descsz, typ = struct.unpack_from("<III", binary, pos)
-            pos += 12
-            owner = binary[pos:pos + namesz].rstrip(b"\0").decode(errors="replace")
-            pos += (namesz + 3) & ~3
-            desc = binary[pos:pos + descsz]
-            pos += (descsz + 3) & ~3
-            yield owner, typ, desc
-
-
-def amdhsa_metadata(binary: bytes) -> dict:
-    """The decoded `amdhsa.*` metadata (msgpack note 'AMDGPU', type 32) of a code object v3+."""
-    try:
-        import msgpack
-    except ImportError as e:
-        raise PlatformError("reading AMD code-object metadata needs msgpack: pip install msgpack") from e
-    for owner, typ, desc in elf_notes(binary):
-        if owner == "AMDGPU" and typ == NT_AMDGPU_METADATA:
-            return msgpack.unpackb(desc, raw=False, strict_map_key=False)
-    raise ValueError("the code object has no amdhsa metadata note (code object v2 is not supported)")
-
-
-def kernel_metadata(binary: bytes, mangled: str | None = None):
-    """The `amdhsa.kernels` entries, or the one whose .name (or .symbol) is `mangled`."""
-    kernels = amdhsa_metadata(binary).get("amdhsa.kernels", [])
-    if mangled is None:
-        return kernels
-    for k in kernels:
-        if k.get(".name") == mangled or k.get(".symbol") in (mangled, mangled + ".kd"):
-            return k
-    names = ", ".join(k.get(".name", "?") for k in kernels)
-    raise KeyError(f"kernel {mangled!r} is not in the code object (it has: {names})")
-
-
-def param_layout(binary: bytes, module=None, fn=None, mangled: str | None = None, count: int | None = None):
-    """[(offset, size)] of the explicit kernel arguments, from the code-object metadata."""
-    try:
-        meta = kernel_metadata(binary, mangled)
-    except (KeyError, ValueError):
-        return None
-    if isinstance(meta, list):   # no name given: only unambiguous for a single kernel
-        if len(meta) != 1:
-            return None
-        meta = meta[0]
-    args = meta.get(".args")
-    if args is None:
-        return None
-    return [(a[".offset"], a[".size"]) for a in args
-            if not str(a.get(".value_kind", "")).startswith("hidden_")]
 
 
 # ----------------------------------------------------------------------------------------
@@ -402,20 +189,20 @@ def param_layout(binary: bytes, module=None, fn=None, mangled: str | None = None
 def _require():
     if not is_available():
         raise PlatformError(f"no usable AMD GPU: {unavailable_reason()}")
-    return _bindings()[0]
+    return bindings()[0]
 
 
 def device_count() -> int:
     if not is_available():
         return 0
-    hip = _bindings()[0]
-    return _ok(hip.hipGetDeviceCount(), "hipGetDeviceCount")
+    hip = bindings()[0]
+    return check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
 
 
 @functools.lru_cache(maxsize=None)
 def _properties(dev: int):
     hip = _require()
-    return _ok(hip.hipGetDeviceProperties(dev), "hipGetDeviceProperties")
+    return check(hip.hipGetDeviceProperties(dev), "hipGetDeviceProperties")
 
 
 def _text(value) -> str:
@@ -439,7 +226,7 @@ def device_attributes(dev: int) -> dict:
     attr = hip.hipDeviceAttribute_t
 
     def get(name):
-        return _ok(hip.hipDeviceGetAttribute(getattr(attr, name), dev), name)
+        return check(hip.hipDeviceGetAttribute(getattr(attr, name), dev), name)
 
     cus = get("hipDeviceAttributeMultiprocessorCount")
     return {
@@ -458,7 +245,7 @@ def device_attributes(dev: int) -> dict:
 
 def set_current(dev: int):
     hip = _require()
-    _ok(hip.hipSetDevice(dev), f"hipSetDevice({dev})")
+    check(hip.hipSetDevice(dev), f"hipSetDevice({dev})")
 
 
 _previous = threading.local()
@@ -467,7 +254,7 @@ _previous = threading.local()
 def push_current(dev: int) -> bool:
     """Make `dev` current for a launch; True when the caller's device must be restored with pop_current()."""
     hip = _require()
-    prev = int(_ok(hip.hipGetDevice(), "hipGetDevice"))
+    prev = int(check(hip.hipGetDevice(), "hipGetDevice"))
     if prev == dev:
         return False
     _previous.__dict__.setdefault("stack", []).append(prev)
@@ -479,10 +266,10 @@ def pop_current() -> None:
     set_current(_previous.stack.pop())
 
 
-def load_module(binary: bytes, dev: int):
+def load(code, dev: int, recompile):
     """hipModuleLoadData on device `dev` (the caller made it current with push_current)."""
     hip = _require()
-    return _ok(hip.hipModuleLoadData(binary), "hipModuleLoadData")
+    return check(hip.hipModuleLoadData(code.binary), "hipModuleLoadData")
 
 
 @dataclass
@@ -495,8 +282,12 @@ class Function:
 
 def get_function(module, mangled: str) -> Function:
     hip = _require()
-    handle = _ok(hip.hipModuleGetFunction(module, mangled.encode()), f"hipModuleGetFunction({mangled!r})")
+    handle = check(hip.hipModuleGetFunction(module, mangled.encode()), f"hipModuleGetFunction({mangled!r})")
     return Function(handle, int(handle), mangled)
+
+
+def function_handle(fn: Function) -> int:
+    return fn.ptr
 
 
 def function_info(fn: Function) -> dict:
@@ -504,7 +295,7 @@ def function_info(fn: Function) -> dict:
     a = hip.hipFunction_attribute
 
     def get(name):
-        return _ok(hip.hipFuncGetAttribute(getattr(a, name), fn.handle), name)
+        return check(hip.hipFuncGetAttribute(getattr(a, name), fn.handle), name)
 
     return {
         "num_regs": get("HIP_FUNC_ATTRIBUTE_NUM_REGS"),
@@ -518,7 +309,7 @@ def set_max_dynamic_shared(fn: Function, nbytes: int):
     """AMD launches may use the device's whole LDS without opting in; the attribute is set where
     the runtime supports it for module functions, and a request above the LDS size is an error."""
     hip = _require()
-    dev = _ok(hip.hipGetDevice(), "hipGetDevice")
+    dev = check(hip.hipGetDevice(), "hipGetDevice")
     limit = device_attributes(dev)["max_shared_per_block_optin"]
     if nbytes > limit:
         raise LaunchError(f"dynamic shared memory of {nbytes} bytes requested for {fn.name}, "
@@ -531,12 +322,36 @@ def set_max_dynamic_shared(fn: Function, nbytes: int):
 
 @functools.lru_cache(maxsize=None)
 def _runtime_lib():
-    """The same HIP runtime hip-python uses, for the ctypes launch fast path."""
-    lib = ctypes.CDLL(_library_path("amdhip64"))
+    """The same HIP runtime hip-python uses, for the launch calls made through ctypes and from C."""
+    lib = ctypes.CDLL(library_path("amdhip64"))
     f = lib.hipModuleLaunchKernel
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    for name in ("hipCtxGetCurrent", "hipDevicePrimaryCtxRetain"):
+        getattr(lib, name).restype = ctypes.c_int
     return lib
+
+
+def fast_launch() -> FastLaunch:
+    """hipModuleLaunchKernel through ctypes, which returns the hipError_t as an int."""
+    return FastLaunch(_runtime_lib().hipModuleLaunchKernel, function_handle, 0, False)
+
+
+def native_launch() -> tuple[int, int]:
+    """(hipModuleLaunchKernel address, hipCtxGetCurrent address) for the native launcher."""
+    lib = _runtime_lib()
+    return (ctypes.cast(lib.hipModuleLaunchKernel, ctypes.c_void_p).value,
+            ctypes.cast(lib.hipCtxGetCurrent, ctypes.c_void_p).value)
+
+
+@functools.lru_cache(maxsize=None)
+def context_handle(dev: int) -> int:
+    """`dev`'s primary context: what hipCtxGetCurrent reports while `dev` is the current device."""
+    ctx = ctypes.c_void_p()
+    err = _runtime_lib().hipDevicePrimaryCtxRetain(ctypes.byref(ctx), int(dev))
+    if err:
+        raise LaunchError(f"hipDevicePrimaryCtxRetain({dev}) failed", error_name(err))
+    return ctx.value
 
 
 def _dims(d) -> tuple[int, int, int]:
@@ -557,28 +372,28 @@ def launch(fn: Function, grid, block, shared_mem, stream, kernel_params) -> int:
 
 def malloc(nbytes: int, dev: int) -> int:
     hip = _require()
-    return int(_ok(hip.hipMalloc(max(int(nbytes), 1)), "hipMalloc"))
+    return int(check(hip.hipMalloc(max(int(nbytes), 1)), "hipMalloc"))
 
 
 def free(ptr: int):
     hip = _require()
-    _ok(hip.hipFree(ptr), "hipFree")
+    check(hip.hipFree(ptr), "hipFree")
 
 
-def memcpy_htod(dst: int, src_ptr: int, n: int):
+def memcpy_htod(dst: int, src_ptr: int, nbytes: int):
     hip = _require()
-    _ok(hip.hipMemcpyHtoD(dst, src_ptr, n), "hipMemcpyHtoD")
+    check(hip.hipMemcpyHtoD(dst, src_ptr, nbytes), "hipMemcpyHtoD")
 
 
-def memcpy_dtoh(dst_ptr: int, src: int, n: int):
+def memcpy_dtoh(dst_ptr: int, src: int, nbytes: int):
     hip = _require()
-    _ok(hip.hipMemcpyDtoH(dst_ptr, src, n), "hipMemcpyDtoH")
+    check(hip.hipMemcpyDtoH(dst_ptr, src, nbytes), "hipMemcpyDtoH")
 
 
 def synchronize(dev: int):
     hip = _require()
     set_current(dev)
-    _ok(hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+    check(hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
 
 
 def check_last(dev: int):
