@@ -31,7 +31,8 @@ def doctor(argv=()) -> int:
         from rocjit.platform import cuda
         print(f"compiler sm_*  : {cuda.compiler_version()}  (CUDA headers: {', '.join(cuda.cuda_include_dirs()) or 'missing'})")
     except Exception as e:
-        print(f"compiler sm_*  : unavailable ({e}); pip install 'rocjit[cuda]'")
+        print(f"compiler sm_*  : unavailable ({e}); install rocjit with its cuda extra "
+              f"(in a clone: pip install \".[cuda]\")")
     try:
         from rocjit import toolchain
         for line in amd_compiler_lines(toolchain.status()):

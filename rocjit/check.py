@@ -56,8 +56,8 @@ def _compile(path: Path, target: str, names: list[str], defines: dict | None = N
     try:
         from rocjit.compiler import compile as rocjit_compile
     except ImportError:
-        from rocjit.compiler import define_options
-        return _direct_compile(path, target, define_options(defines) + options, names)
+        macros = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in (defines or {}).items()]
+        return _direct_compile(path, target, macros + options, names)
     return rocjit_compile(path, target, defines=defines, options=options, name_expressions=tuple(names))
 
 

@@ -18,7 +18,8 @@ def test_repr_is_short_and_names_what_matters():
                   key="ab" * 32)
     assert repr(co) == "<CodeObject sm_90a cubin, 1024000 bytes, kernels [scale<float, 4>], key abababababababab>"
     many = Compiled(b"", "hsaco", "gfx942", lowered={f"k{i}": f"k{i}" for i in range(9)})
-    assert repr(many) == "<CodeObject gfx942 hsaco, 0 bytes, kernels [k0, k1, k2, k3, k4, k5, ... (9 kernels)], key none>"
+    assert repr(many) == ("<CodeObject gfx942 hsaco, 0 bytes, kernels [k0, k1, k2, k3, k4, k5, ... (9 kernels)], "
+                          "key none>")
 
 
 def test_repr_of_a_damaged_binary_does_not_raise():

@@ -13,7 +13,8 @@ def test_wheel_ships_kernel_sources_and_runs_elsewhere(tmp_path):
                     str(wheels), str(ROOT)], check=True, capture_output=True, text=True)
     (whl,) = wheels.glob("rocjit-*.whl")
     assert whl.name.endswith("-py3-none-any.whl")
-    assert f'"./dist/{whl.name}[' in (ROOT / "README.md").read_text(), "README's wheel install line names another file"
+    readme = (ROOT / "README.md").read_text()
+    assert f'"./dist/{whl.name}[' in readme, "the README's wheel install line names another file"
     names = zipfile.ZipFile(whl).namelist()
     assert "rocjit/kernels_src/rocjit/platform.h" in names
     assert "rocjit/kernels_src/cuda_shim/hip/hip_runtime.h" in names
