@@ -1,4 +1,4 @@
-"""python -m rocjit [doctor | check | cache | toolchain | bench] — see `python -m rocjit --help`."""
+"""python -m rocjit [--version | doctor | check | cache | toolchain | bench] — see `python -m rocjit --help`."""
 from __future__ import annotations
 
 import argparse
@@ -31,11 +31,12 @@ def doctor(argv=()) -> int:
         from rocjit.compilers import nvrtc
         print(f"compiler sm_*  : {nvrtc.version()}  (CUDA headers: {', '.join(nvrtc.cuda_include_dirs()) or 'missing'})")
     except Exception as e:
-        print(f"compiler sm_*  : unavailable ({e}); pip install 'rocjit[cuda]'")
+        print(f"compiler sm_*  : unavailable ({e}); install rocjit with its cuda extra "
+              f"(in a clone: pip install \".[cuda]\")")
     try:
         from rocjit import toolchain
-        for k, v in toolchain.status().items():
-            print(f"compiler {k:6s}: {v}")
+        for line in amd_compiler_lines(toolchain.status()):
+            print(line)
     except Exception as e:
         print(f"compiler gfx*  : unavailable ({e})")
     from rocjit import native
@@ -50,6 +51,28 @@ def doctor(argv=()) -> int:
     except Exception as e:
         print(f"selected       : none — {e}")
     return 0
+
+
+def amd_compiler_lines(status: dict) -> list[str]:
+    """toolchain.status() as report lines: one per compiler, then which compiler builds each gfx target."""
+    lines = []
+    hiprtc = status.get("hiprtc", {})
+    if hiprtc.get("usable"):
+        lines.append(f"compiler hiprtc: {hiprtc.get('version', 'version unknown')}  ({hiprtc.get('library')})")
+    elif hiprtc:
+        lines.append(f"compiler hiprtc: unusable ({hiprtc.get('reason', 'no reason given')})")
+    clang = status.get("clang", {})
+    if clang.get("installed"):
+        lines.append(f"compiler clang : {clang.get('version', 'version unknown')}  ({clang.get('path')})")
+    elif clang:
+        lines.append(f"compiler clang : not installed in {clang.get('dir')}" +
+                     (f"; {clang['hint']}" if clang.get("hint") else ""))
+    targets = status.get("targets", {})
+    if targets:
+        lines.append("AMD targets    : " + ", ".join(f"{t} -> {c}" for t, c in targets.items()))
+    for key in status.keys() - {"hiprtc", "clang", "targets"}:   # anything newer is still shown, not dropped
+        lines.append(f"{key:15s}: {status[key]}")
+    return lines
 
 
 def cache_cmd(argv) -> int:
@@ -77,16 +100,24 @@ def bench_cmd(argv) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        import rocjit
+        print(f"rocjit {rocjit.__version__}")
+        return 0
     cmd = argv.pop(0) if argv and not argv[0].startswith("-") else "doctor"
     if cmd in ("-h", "--help") or (cmd == "doctor" and argv[:1] in (["-h"], ["--help"])):
         print(__doc__)
-        print("  doctor (default)   platform, GPUs and targets, compilers, cache\n"
+        print("  --version          print the version and exit\n"
+              "  doctor (default)   platform, GPUs and targets, compilers, cache\n"
               "  check              compile library kernels for sm_90a,gfx90a,gfx942,gfx950 and print resources\n"
               "  cache [--clear]    code-object cache location, entries, size, hits/misses\n"
               "  toolchain install  install the offline clang toolchain for gfx942/gfx950\n"
               "  bench SUITE        run a benchmark suite (launch, norm, swiglu, quant, gemv, skinny, liger, all)")
         return 0
     if cmd == "doctor":
+        if argv:
+            print(f"doctor takes no arguments, got {' '.join(argv)}; see python -m rocjit --help", file=sys.stderr)
+            return 2
         return doctor(argv)
     if cmd == "cache":
         return cache_cmd(argv)

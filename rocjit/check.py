@@ -1,6 +1,6 @@
 """`python -m rocjit check`: compile library kernels for every target and show what they use.
 
-    python -m rocjit check [--target sm_90a,gfx90a,gfx942,gfx950] [--json PATH] [files...]
+    python -m rocjit check [--target sm_90a,gfx90a,gfx942,gfx950] [-D NAME[=VALUE]]... [--json PATH] [files...]
 
 Default files: every *.hip in kernels_src/. Which template instantiations to build is written in
 the kernel file itself, one per line:
@@ -8,7 +8,9 @@ the kernel file itself, one per line:
     // rocjit:check rms_norm_kernel<__half, 8>
 
 A file without such lines is compiled as-is and all its (non-template) __global__ kernels are
-reported. Exit status 1 when anything fails to compile, spills, or uses scratch memory.
+reported. Rows are named by their `rocjit:check` line (the same on every target), else by the kernel's demangled
+name without its return type and parameter list. Exit status 1 when anything fails to compile, spills, or uses
+scratch memory.
 """
 from __future__ import annotations
 
@@ -48,14 +50,15 @@ def default_files() -> list[Path]:
     return sorted(_kernels_src_dir().glob("*.hip"))
 
 
-def _compile(path: Path, target: str, names: list[str]):
+def _compile(path: Path, target: str, names: list[str], defines: dict | None = None):
     """Through rocjit.compile (cached); NVIDIA builds ask ptxas for its spill report."""
     options = ["-Xptxas=-v"] if target.startswith("sm_") else []
     try:
         from rocjit.compiler import compile as rocjit_compile
     except ImportError:
-        return _direct_compile(path, target, options, names)
-    return rocjit_compile(path, target, options=options, name_expressions=tuple(names))
+        macros = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in (defines or {}).items()]
+        return _direct_compile(path, target, macros + options, names)
+    return rocjit_compile(path, target, defines=defines, options=options, name_expressions=tuple(names))
 
 
 def _direct_compile(path: Path, target: str, options, names):
@@ -68,7 +71,34 @@ def _direct_compile(path: Path, target: str, options, names):
                             name_expressions=names, filename=path.name)
 
 
-def check_one(path: Path, target: str) -> dict:
+def short_name(demangled: str) -> str:
+    """'void scale<__half, 8>(__half const*, int)' -> 'scale<__half, 8>': kernels return void, and the parameter
+    list is the part that makes library names too long to tell apart in a table."""
+    name = demangled[5:] if demangled.startswith("void ") else demangled
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                return name[:i] or demangled
+    return name
+
+
+def _label_rows(rows: list[dict], expressions: dict) -> None:
+    """Name each row by its `rocjit:check` expression, else its short name; overloads that would share a short
+    name keep their full demangled name."""
+    for row in rows:
+        row["demangled"] = row["kernel"]
+        row["kernel"] = expressions.get(row["symbol"]) or short_name(row["demangled"])
+    seen: dict[str, int] = {}
+    for row in rows:
+        seen[row["kernel"]] = seen.get(row["kernel"], 0) + 1
+    for row in rows:
+        if seen[row["kernel"]] > 1:
+            row["kernel"] = row["demangled"]
+
+
+def check_one(path: Path, target: str, defines: dict | None = None) -> dict:
     """Compile one file for one target; {"file", "target", "ok", "error", "kernels": [summary rows], "seconds"}."""
     from rocjit.inspect import resources, summary_row
     started = time.time()
@@ -76,11 +106,12 @@ def check_one(path: Path, target: str) -> dict:
     try:
         source = path.read_text()
         names = name_expressions(source)
-        co = _compile(path, target, names)
+        co = _compile(path, target, names, defines)
         if co.format not in ("hsaco", "cubin"):
             result["kernels"] = []
             result["error"] = f"compiled to {co.format}, which holds no machine code to inspect"
         else:
+            expressions = {mangled: expr for expr, mangled in co.lowered.items()}
             for r in resources(co):
                 row = summary_row(r)
                 problems = []
@@ -92,6 +123,7 @@ def check_one(path: Path, target: str) -> dict:
                 row["resources"] = r.as_dict()
                 result["ok"] &= not problems
                 result["kernels"].append(row)
+            _label_rows(result["kernels"], expressions)
     except (CompileError, RocjitError, OSError, ValueError, KeyError) as e:
         result["ok"] = False
         result["error"] = f"{type(e).__name__}: {e}"
@@ -113,12 +145,35 @@ def print_report(results: list[dict], out=None):
         print(f"\n== {file}", file=out)
         rows = [k for r in items for k in r["kernels"]]
         rows.sort(key=lambda k: (k["kernel"], k["target"]))
-        if rows:
-            print(format_table(rows, TABLE_COLUMNS), file=out)
+        if rows:   # names in full: cut, library instantiations would look identical
+            print(format_table(rows, TABLE_COLUMNS, max_name=10 ** 6), file=out)
         for r in items:
             if r["error"]:
                 status = "FAILED" if not r["ok"] else "note"
                 print(f"[{status}] {r['target']}: {r['error']}", file=out)
+
+
+def json_row(file: str, row: dict) -> dict:
+    """A table row for the JSON document: counts as numbers (the table's text cells are for reading only)."""
+    r = row["resources"]
+    isa = r.get("isa") or {}
+    return {"file": file, "kernel": row["kernel"], "demangled": row["demangled"], "symbol": row["symbol"],
+            "target": row["target"], "status": row["status"],
+            **{k: r.get(k) for k in ("registers", "vgpr", "agpr", "sgpr", "shared_bytes", "scratch_bytes", "spills",
+                                     "max_threads", "block", "occupancy")},
+            "ld128": isa.get("global_load_128"), "st128": isa.get("global_store_128"), "matrix": isa.get("matrix"),
+            "lds_ops": isa.get("lds"), "instructions": isa.get("total"), "resources": r}
+
+
+def parse_defines(values) -> dict:
+    """['VEC=8', 'USE_X'] -> {'VEC': '8', 'USE_X': None}; raises ValueError on a malformed name."""
+    defines = {}
+    for item in values or ():
+        name, sep, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_]\w*", name):
+            raise ValueError(f"{item!r} is not NAME or NAME=VALUE")
+        defines[name] = value if sep else None
+    return defines
 
 
 def main(argv=None) -> int:
@@ -127,7 +182,9 @@ def main(argv=None) -> int:
                                                  "scratch/spills, occupancy and ISA statistics.")
     parser.add_argument("--target", default=",".join(DEFAULT_TARGETS),
                         help=f"comma-separated targets (default {','.join(DEFAULT_TARGETS)})")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("-D", "--define", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="define a macro for every file (repeatable): -D VEC=8 or -DVEC=8")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON (counts as numbers)")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="parallel compiles")
     parser.add_argument("files", nargs="*", help="kernel files (default: every *.hip in kernels_src/)")
     args = parser.parse_args(argv)
@@ -135,6 +192,10 @@ def main(argv=None) -> int:
     bad = [t for t in targets if not re.fullmatch(r"sm_\d+[af]?|gfx[0-9a-f]+", t)]
     if bad:
         parser.error(f"--target: {', '.join(bad)} not understood; expected e.g. sm_90a,gfx90a,gfx942,gfx950")
+    try:
+        defines = parse_defines(args.define)
+    except ValueError as e:
+        parser.error(f"-D/--define: {e}")
     files = [Path(f) for f in args.files] if args.files else default_files()
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
@@ -145,19 +206,19 @@ def main(argv=None) -> int:
     started = time.time()
     jobs = [(f, t) for f in files for t in targets]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda job: check_one(*job), jobs))
+        results = list(pool.map(lambda job: check_one(*job, defines), jobs))
     print_report(results)
     failed = [r for r in results if not r["ok"]]
     kernels = sum(len(r["kernels"]) for r in results)
     print(f"\n{len(files)} files x {len(targets)} targets, {kernels} kernel builds, {len(failed)} failing, "
           f"{time.time() - started:.1f} s")
     if args.json:
-        rows = [dict(k, file=r["file"]) for r in results for k in r["kernels"]]
-        doc = {"targets": targets, "files": [str(f) for f in files], "rows": rows,
+        rows = [json_row(r["file"], k) for r in results for k in r["kernels"]]
+        doc = {"targets": targets, "defines": defines, "files": [str(f) for f in files], "rows": rows,
                "failures": [{"file": r["file"], "target": r["target"], "error": r["error"],
                              "kernels": [k["kernel"] for k in r["kernels"] if k.get("status") != "ok"]}
                             for r in failed]}
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+        Path(args.json).write_text(json.dumps(doc, indent=1))
     return 1 if failed else 0
 
 

@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from rocjit.bench import harness
 
 
@@ -32,6 +34,7 @@ def test_table_reports_speedups_and_sol():
 
 
 def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")          # the `bench` extra; CI installs it
     p = tmp_path / "norm.png"
     harness.plot(_result(), str(p))
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -49,10 +52,22 @@ def test_rotation_count_exceeds_l2():
     assert harness.rotation_count(1 << 30, l2_bytes=50 << 20) == 2
 
 
-def test_bench_all_without_gpu_skips_cleanly():
-    torch = __import__("pytest").importorskip("torch")
+@pytest.mark.parametrize("suite", harness.SUITES + ("all",))
+def test_every_suite_without_gpu_stops_alike(suite, capsys, monkeypatch):
+    """`all` and each single suite: the same one-line message on stderr and exit status 1, no traceback."""
+    monkeypatch.setattr(harness, "gpu_missing", lambda: "no GPU visible to torch")
+    assert harness.main([suite, "--quick"]) == 1
+    out = capsys.readouterr()
+    assert out.err == f"bench {suite}: no GPU visible to torch; nothing measured (benchmarks need a GPU)\n"
+    assert out.out == ""
+
+
+def test_bench_command_without_gpu_exits_1_without_traceback():
+    torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
-        __import__("pytest").skip("a GPU is present: `bench all` would run every suite")
-    out = subprocess.run([sys.executable, "-m", "rocjit", "bench", "all"], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0 and "benchmarks skipped" in out.stdout
+        pytest.skip("a GPU is present: the suites would run")
+    for suite in ("launch", "all"):
+        out = subprocess.run([sys.executable, "-m", "rocjit", "bench", suite], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 1, out
+        assert "no GPU visible to torch" in out.stderr and "Traceback" not in out.stderr, out.stderr

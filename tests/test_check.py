@@ -52,10 +52,11 @@ def test_clean_kernels_pass_and_json_has_rows(tmp_path, capsys):
     kernels = {(r["kernel"], r["target"]) for r in rows}
     for target in targets.split(","):
         # the template instantiations named by `// rocjit:check` lines are built and reported
-        assert ("void scale_vec<__half, 8>(__half const*, __half*, int, float)", target) in kernels
+        assert ("scale_vec<__half, 8>", target) in kernels
         assert ("saxpy", target) in kernels
     vec = next(r for r in rows if r["kernel"] == "scale_float4")
-    assert vec["ld128"] == "1" and vec["status"] == "ok"
+    assert vec["ld128"] == 1 and vec["status"] == "ok"
+    assert isinstance(vec["vgpr"], int) and isinstance(vec["shared_bytes"], int) and vec["registers"] is None
     assert vec["resources"]["isa"]["global_load_128"] == 1
 
 
@@ -105,3 +106,67 @@ def test_bad_arguments():
         check.main(["--target", "gfx942,volta"])
     with pytest.raises(SystemExit):
         check.main(["no/such/file.hip"])
+
+
+def test_short_names():
+    assert check.short_name("void scale_vec<__half, 8>(__half const*, __half*, int, float)") == "scale_vec<__half, 8>"
+    assert check.short_name("saxpy") == "saxpy"
+    assert check.short_name("axpy(float, float const*, float*, int)") == "axpy"
+    assert check.short_name("void k<&f>(void (*)(int), int)") == "k<&f>"
+    assert check.short_name("(anonymous namespace)::k(int)") == "(anonymous namespace)::k"
+
+
+def _nvrtc():
+    try:
+        from rocjit.platform import cuda
+        cuda.compiler_version()
+    except Exception as e:
+        pytest.skip(f"NVRTC is not usable here: {e}")
+
+
+LONG = r"""
+#include <hip/hip_runtime.h>
+#ifndef SCALE
+#error SCALE must be defined: python -m rocjit check -D SCALE=...
+#endif
+template <typename T, int A, int B>
+__global__ void a_kernel_name_long_enough_to_be_cut_in_a_table(const T* x, T* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * T(SCALE * A + B);
+}
+// rocjit:check a_kernel_name_long_enough_to_be_cut_in_a_table<float, 16, 1>
+// rocjit:check a_kernel_name_long_enough_to_be_cut_in_a_table<float, 16, 2>
+void overloaded_helper_is_not_a_kernel();
+__global__ void twin(float* y) { y[0] = 1; }
+__global__ void twin(int* y) { y[0] = 1; }
+"""
+
+
+def test_defines_names_and_json_numbers(tmp_path, capsys):
+    _nvrtc()
+    src = tmp_path / "long.hip"
+    src.write_text(LONG)
+    assert check.main(["--target", "sm_90a", str(src)]) == 1          # SCALE undefined: the #error fires
+    assert "SCALE must be defined" in capsys.readouterr().out
+    out = tmp_path / "long.json"
+    assert check.main(["--target", "sm_90a", "-D", "SCALE=3", "--define", "UNUSED", "--json", str(out), str(src)]) == 0
+    text = capsys.readouterr().out
+    # the two instantiations differ only at the end of their names: both appear whole
+    for b in (1, 2):
+        assert f"a_kernel_name_long_enough_to_be_cut_in_a_table<float, 16, {b}>  " in text
+    doc = json.loads(out.read_text())
+    assert doc["defines"] == {"SCALE": "3", "UNUSED": None}
+    names = sorted(r["kernel"] for r in doc["rows"])
+    assert names[:2] == [f"a_kernel_name_long_enough_to_be_cut_in_a_table<float, 16, {b}>" for b in (1, 2)]
+    # overloads that would share the short name `twin` keep their parameter lists
+    assert names[2:] == ["twin(float*)", "twin(int*)"]
+    for row in doc["rows"]:
+        assert row["target"] == "sm_90a" and row["status"] == "ok"
+        for key in ("registers", "shared_bytes", "scratch_bytes", "block", "ld128", "st128", "instructions"):
+            assert type(row[key]) is int, (key, row[key])
+        assert all(type(v) is int for v in row["spills"].values())
+
+
+def test_bad_define():
+    with pytest.raises(SystemExit):
+        check.main(["-D", "1BAD=2", "--target", "sm_90a", str(KERNELS / "amd_basics.hip")])

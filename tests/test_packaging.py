@@ -13,6 +13,8 @@ def test_wheel_ships_kernel_sources_and_runs_elsewhere(tmp_path):
                     str(wheels), str(ROOT)], check=True, capture_output=True, text=True)
     (whl,) = wheels.glob("rocjit-*.whl")
     assert whl.name.endswith("-py3-none-any.whl")
+    readme = (ROOT / "README.md").read_text()
+    assert f'"./dist/{whl.name}[' in readme, "the README's wheel install line names another file"
     names = zipfile.ZipFile(whl).namelist()
     assert "rocjit/kernels_src/rocjit/platform.h" in names
     assert "rocjit/kernels_src/cuda_shim/hip/hip_runtime.h" in names
@@ -37,3 +39,28 @@ def test_wheel_ships_kernel_sources_and_runs_elsewhere(tmp_path):
     from rocjit import native
     here = native.module() is not None           # where it builds in this checkout it must build from the wheel
     assert lines[2:] == [str(here), "True"], out.stdout + out.stderr
+
+
+def _readme_pip_installs():
+    import re
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"pip install\s+((?:-\S+\s+)*)(\"[^\"]+\"|'[^']+'|\S+)", text)
+
+
+def test_readme_installs_name_paths_not_an_unpublished_package():
+    """rocjit is on no package index: every `pip install` in the README installs a directory or a wheel file."""
+    found = _readme_pip_installs()
+    assert found
+    for _flags, target in found:
+        target = target.strip("\"'`")
+        assert target.startswith((".", "./", "/")), f"README: `pip install {target}` needs a published package"
+
+
+def test_readme_wheel_is_this_version():
+    import re
+
+    import rocjit
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert rocjit.__version__ == version
+    wheels = [t.strip("\"'") for _f, t in _readme_pip_installs() if ".whl" in t]
+    assert wheels and all(w.startswith(f"./dist/rocjit-{version}-py3-none-any.whl[") for w in wheels), wheels

@@ -239,6 +239,17 @@ def _run_suite(suite: str, rest, quick: bool, json_path: str | None) -> dict:
     return result
 
 
+def gpu_missing() -> str | None:
+    """Why no suite can run here (None when torch sees a GPU): every suite, `all` included, stops on it alike."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no GPU visible to torch"
+    return None
+
+
 def main(argv) -> int:
     ap = argparse.ArgumentParser(prog="python -m rocjit bench", description="Run a benchmark suite on the GPU.")
     ap.add_argument("suite", choices=SUITES + ("all",))
@@ -246,17 +257,14 @@ def main(argv) -> int:
                                    "a directory (default benchmarks/results/<gpu>/)")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and repetitions (smoke run)")
     args, rest = ap.parse_known_args(argv)
+    why = gpu_missing()
+    if why:
+        print(f"bench {args.suite}: {why}; nothing measured (benchmarks need a GPU)", file=sys.stderr)
+        return 1
     if args.suite != "all":
         _run_suite(args.suite, rest, args.quick, args.json)
         return 0
-    try:
-        import torch
-        has_gpu = torch.cuda.is_available()
-    except ImportError:
-        has_gpu = False
-    if not has_gpu:
-        print("bench all: no GPU visible to torch; benchmarks skipped")
-        return 0
+    import torch
     out = Path(args.json or Path("benchmarks") / "results" / gpu_slug(torch.cuda.get_device_name(0)))
     failed = []
     for suite in SUITES:

@@ -22,6 +22,27 @@ class Compiled:
     log: str = ""
     key: str = ""                    # cache key (set by rocjit.compiler)
 
+    def __repr__(self):
+        # the binary is kilobytes to megabytes: name what it is, never print it
+        names = self.kernel_names()
+        shown = ", ".join(names[:6]) + (f", ... ({len(names)} kernels)" if len(names) > 6 else "")
+        return (f"<CodeObject {self.target} {self.format}, {len(self.binary)} bytes, kernels [{shown}], "
+                f"key {self.key[:16] or 'none'}>")
+
+    def kernel_names(self) -> list[str]:
+        """The name expressions it was compiled for, else the kernel symbols its ELF declares."""
+        if self.lowered:
+            return list(self.lowered)
+        try:
+            from rocjit.platform import hip  # the ELF reader; no vendor binding is loaded for it
+            if self.format == "hsaco":      # every AMD kernel has a `<name>.kd` descriptor symbol
+                return [s.name[:-3] for s in hip.elf_symbols(self.binary) if s.name.endswith(".kd")]
+            if self.format == "cubin":      # every NVIDIA kernel has its own `.nv.info.<name>` section
+                return [s.name[9:] for s in hip.elf_sections(self.binary) if s.name.startswith(".nv.info.")]
+        except Exception:                   # a damaged binary still gets a repr
+            pass
+        return []
+
 
 class FastLaunch(NamedTuple):
     """What generated Python launchers call: ``call(function, gx, gy, gz, bx, by, bz, shared_mem, stream,

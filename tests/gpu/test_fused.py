@@ -34,6 +34,18 @@ def check_half(got, ref, dtype):
     assert (err <= tol).all(), f"max err {err.max()} at ref {ref[~nan][err.argmax()]}"
 
 
+NAN_CODE = {"e4m3fn": 0x7F, "e4m3fnuz": 0x80}
+
+
+def poisoned_fp8(shape, fmt):
+    """An FP8 out= full of NaN codes: a byte the kernel leaves unwritten decodes as NaN and fails check_fp8."""
+    return torch.full(shape, NAN_CODE[fmt], dtype=torch.uint8, device="cuda").view(C.fp8_torch_dtype(fmt))
+
+
+def poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
 def check_fp8(got, ref_values, fmt):
     """>= 99.9% of bytes equal to the reference quantizer, the rest within one fp8 step; NaN where ref is NaN.
 
@@ -44,6 +56,9 @@ def check_fp8(got, ref_values, fmt):
     want = C.fp8_reference(ref_values, fmt)
     nan = np.isnan(ref_values)
     assert np.isnan(C.fp8_decode(codes[nan], fmt)).all()
+    # every element: a finite value saturates, it never becomes NaN (nor stays an unwritten NaN poison code)
+    unwritten = np.isnan(C.fp8_decode(codes[~nan], fmt))
+    assert not unwritten.any(), f"{unwritten.sum()} of {unwritten.size} fp8 outputs are NaN where the reference is not"
     v = ref_values[~nan]
     boundary = C.fp8_reference(v * (1 - 1e-6), fmt) != C.fp8_reference(v * (1 + 1e-6), fmt)
     c, w = codes[~nan].astype(int), want[~nan].astype(int)
@@ -82,10 +97,14 @@ def test_rms_norm(dtype, hidden, rows, mode):
         check_half(y, ref, dtype)
     elif mode == "static":
         s = torch.tensor([0.02], device="cuda")
-        y, _ = ops.rms_norm(x, w, eps, residual=r, scale=s, fp8_format=fmt)
+        out = poisoned_fp8((rows, hidden), fmt)
+        y, _ = ops.rms_norm(x, w, eps, residual=r, scale=s, fp8_format=fmt, out=out)
+        assert y.data_ptr() == out.data_ptr()
         check_fp8(y, ref / np.float64(np.float32(0.02)), fmt)
     else:
-        y, scales, _ = ops.rms_norm(x, w, eps, residual=r, quant="per_token", fp8_format=fmt)
+        out = poisoned_fp8((rows, hidden), fmt)
+        y, scales, _ = ops.rms_norm(x, w, eps, residual=r, quant="per_token", fp8_format=fmt, out=out)
+        assert y.data_ptr() == out.data_ptr()
         amax = np.maximum(np.abs(ref).max(axis=-1, keepdims=True) if rows else np.zeros((0, 1)), 1e-12)
         s_ref = amax / C.fp8_max(fmt)
         rel = np.abs(f64(scales) / s_ref - 1) if rows else np.zeros(1)
@@ -106,13 +125,15 @@ def test_rms_norm_split_rows(hidden, rows, mode):
     r0 = r.clone()
     ref = rms_ref(x, w, 1e-6, r0)
     if mode == "plain":
-        y, _ = ops.rms_norm(x, w, residual=r)
+        y, _ = ops.rms_norm(x, w, residual=r, out=poisoned((rows, hidden), dtype))
         check_half(y, ref, dtype)
     elif mode == "static":
-        y, _ = ops.rms_norm(x, w, residual=r, scale=torch.tensor([0.02], device="cuda"), fp8_format="e4m3fn")
+        y, _ = ops.rms_norm(x, w, residual=r, scale=torch.tensor([0.02], device="cuda"), fp8_format="e4m3fn",
+                            out=poisoned_fp8((rows, hidden), "e4m3fn"))
         check_fp8(y, ref / np.float64(np.float32(0.02)), "e4m3fn")
     else:
-        y, scales, _ = ops.rms_norm(x, w, residual=r, quant="per_token", fp8_format="e4m3fn")
+        y, scales, _ = ops.rms_norm(x, w, residual=r, quant="per_token", fp8_format="e4m3fn",
+                                    out=poisoned_fp8((rows, hidden), "e4m3fn"))
         s_ref = np.maximum(np.abs(ref).max(axis=-1, keepdims=True), 1e-12) / C.fp8_max("e4m3fn")
         assert (np.abs(f64(scales) / s_ref - 1)).max() <= 1e-6
         check_fp8(y, ref / f64(scales), "e4m3fn")
@@ -180,10 +201,10 @@ def test_swiglu(dtype, d, rows, mode):
         assert (err <= np.abs(want) * ULP[dtype] * 1.01 + 1e-5).all()
         assert not nan.any()
     elif mode == "static":
-        y = ops.swiglu(x, scale=torch.tensor([0.05], device="cuda"), fp8_format=fmt)
+        y = ops.swiglu(x, scale=torch.tensor([0.05], device="cuda"), fp8_format=fmt, out=poisoned_fp8((rows, d), fmt))
         check_fp8(y, ref / np.float64(np.float32(0.05)), fmt)
     else:
-        y, scales = ops.swiglu(x, quant="per_token", fp8_format=fmt)
+        y, scales = ops.swiglu(x, quant="per_token", fp8_format=fmt, out=poisoned_fp8((rows, d), fmt))
         s_ref = np.maximum(np.abs(ref).max(axis=-1, keepdims=True) if rows else np.zeros((0, 1)), 1e-12) / C.fp8_max(fmt)
         assert np.allclose(f64(scales), s_ref, rtol=1e-6, atol=0)
         check_fp8(y, ref / f64(scales), fmt)
@@ -196,7 +217,8 @@ def test_swiglu_tiled_shapes(d, rows):
     dtype = torch.float16
     torch.manual_seed(d * 7 + rows)
     x = rand((rows, 2 * d), dtype, 3.0)
-    y = ops.swiglu(x, scale=torch.tensor([0.05], device="cuda"))
+    y = ops.swiglu(x, scale=torch.tensor([0.05], device="cuda"), fp8_format="e4m3fn",
+                   out=poisoned_fp8((rows, d), "e4m3fn"))
     check_fp8(y, silu_ref(x) / np.float64(np.float32(0.05)), "e4m3fn")
 
 
@@ -292,6 +314,8 @@ def test_cuda_graph_capture_replays_on_new_data():
         z = ops.swiglu(x, scale=s)
     x.copy_(rand((8, 4096), torch.float16))
     r_in.copy_(r)
+    for t in (y, z):                  # outputs live in the graph's pool: poison them so only the replay can pass
+        t.view(torch.uint8).fill_(NAN_CODE["e4m3fn"])
     g.replay()
     torch.cuda.synchronize()
     check_fp8(y, rms_ref(x, w, 1e-6, r) / np.float64(np.float32(0.05)), "e4m3fn")
@@ -303,16 +327,21 @@ def test_torch_compile_fullgraph():
         q, res = ops.rms_norm(x, w, residual=r, scale=s)
         y = ops.swiglu(torch.cat([res, res], dim=-1), scale=s)
         q2, s2 = ops.quantize_fp8(res, granularity="block")
-        return q.float() + y.float() + q2.float(), s2
+        return q, y, q2, s2
 
     x, w = rand((16, 1024), torch.float16), rand((1024,), torch.float16)
     r = rand((16, 1024), torch.float16)
     s = torch.tensor([0.05], device="cuda")
-    r1, r2 = r.clone(), r.clone()
-    want = block(x, r1, w, s)
-    got = torch.compile(block, fullgraph=True)(x, r2, w, s)
-    assert torch.equal(r1, r2)
-    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+    r0 = r.clone()
+    q, y, q2, s2 = torch.compile(block, fullgraph=True)(x, r, w, s)
+    h = x + r0                        # the rounded sum, written back into r in place
+    assert torch.equal(r, h)
+    inv = np.float64(np.float32(0.05))
+    check_fp8(q, rms_ref(x, w, 1e-6, r0) / inv, "e4m3fn")
+    check_fp8(y, silu_ref(torch.cat([h, h], dim=-1)) / inv, "e4m3fn")
+    s_ref = blocks_ref(f64(h), C.fp8_max("e4m3fn"), False)
+    assert np.allclose(f64(s2), s_ref, rtol=1e-6, atol=0)
+    check_fp8(q2, f64(h) / f64(s2).repeat(128, axis=1)[:, :1024], "e4m3fn")
 
 
 def test_errors_name_the_argument():
