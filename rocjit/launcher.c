@@ -518,7 +518,7 @@ typedef struct {
     PyObject *fallback;
     int nplans;
     Plan *plans[RJ_MAX_PLANS];           /* most recently added first */
-    unsigned long long hits, misses;
+    unsigned long long hits, misses, direct;
 } Plans;
 
 static inline uint64_t mix(uint64_t h, uint64_t v) {
@@ -707,8 +707,10 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
     for (int l = 0; l < plan->nlaunches; l++) {
         rj_launch *L = &plan->launches[l];
         if (Py_TYPE(L->launcher) == &LauncherType &&
-            launch_direct((Launcher *)L->launcher, L, plan, keys, args, out_ptrs, stream) == 0)
+            launch_direct((Launcher *)L->launcher, L, plan, keys, args, out_ptrs, stream) == 0) {
+            self->direct++;
             continue;
+        }
         for (int a = 0; a < L->nargs; a++) stack[a] = ref_object(&L->args[a], args, outs, plan->consts);
         if (L->kwnames) stack[L->nargs] = L->shared;
         PyObject *r = PyObject_Vectorcall(L->launcher, stack, (size_t)L->nargs, L->kwnames);
@@ -960,6 +962,7 @@ static PyMethodDef plans_methods[] = {
 static PyMemberDef plans_members[] = {
     {"hits", T_ULONGLONG, offsetof(Plans, hits), READONLY, "calls completed by a plan"},
     {"misses", T_ULONGLONG, offsetof(Plans, misses), READONLY, "calls handed to the Python path"},
+    {"direct", T_ULONGLONG, offsetof(Plans, direct), READONLY, "launches made through a native launcher's Spec"},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(Plans, vectorcall), READONLY},
     {NULL}
 };

@@ -120,6 +120,14 @@ def _read_manifest(root: Path) -> dict | None:
 
 @functools.lru_cache(maxsize=8)
 def _find_cached(root: str, stamp: float) -> Toolchain | None:
+    from rocjit import cache
+    try:        # clang runs from here: a directory someone else can write is no toolchain of ours
+        cache.trusted_dir(root)
+    except ValueError as e:
+        import warnings
+        warnings.warn(f"rocjit: the AMD toolchain in {root} is not used: {e}; reinstall it into a directory only you "
+                      f"can write (ROCJIT_TOOLCHAIN_DIR)", RuntimeWarning, stacklevel=3)
+        return None
     manifest = _read_manifest(Path(root))
     if not manifest or manifest.get("llvm_major") != LLVM_MAJOR:
         return None

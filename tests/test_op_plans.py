@@ -190,7 +190,7 @@ def test_replay_through_a_native_launcher_packs_what_the_launcher_packs(mod):
     x2 = torch.randn(64)
     out = P(x2, y, 1.5)
     assert out.shape == (252,) and out.dtype == torch.float32
-    assert lfb.calls == [] and fb.calls == [] and launcher.native_calls == 1
+    assert lfb.calls == [] and fb.calls == [] and launcher.native_calls == 1 and P.direct == 1
     direct = (1.5, x2.data_ptr(), out.data_ptr(), 7, 2**64 - 1, True, -0.125, -5)
     assert drv.calls == [(0xF0, (3, 1, 1), (64, 1, 1), 0, 0, direct, None)]
     launcher(1.5, x2, out, *consts)                        # the launcher itself, for the same arguments

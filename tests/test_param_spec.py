@@ -136,3 +136,15 @@ def test_pointer_to_pointers_takes_an_array_of_addresses(seen):
         k[1, 1](bytes(16), 1.0, 0.0, np.zeros(2, np.float32), 0)
     k[1, 1](bytes(16), 1.0, 0.0, np.zeros(2, np.uint64), 0)
     assert len(seen) == 1
+
+
+def test_pointers_to_16_bit_floats_are_pointers():
+    """A `const __half*` is a pointer slot (8 bytes holding an address), never raw bytes copied from it: the general
+    path would otherwise read the device address as host memory."""
+    from rocjit import signature
+    from rocjit.launch.params import ParamSpec
+    src = "__global__ void k(const __half* x, __hip_bfloat16* y, __half h, int n) {}"
+    spec = ParamSpec.build("k", signature.parse(src, "k"), [(0, 8), (8, 8), (16, 2), (20, 4)])
+    codes = [s.code for s in spec.slots]
+    assert codes[:2] == ["P", "P"] and codes[2] is None and codes[3] == "i"
+    assert spec.slots[0].ctype is ctypes.c_void_p and spec.slots[1].ctype is ctypes.c_void_p

@@ -64,7 +64,7 @@ class ParamSpec:
                 size = declared
                 offset = (end + size - 1) // size * size     # scalars are aligned to their size
             code = "P" if p.pointer else _CODES.get(ct)
-            if ct is None or p.ctype in signature.HALF_TYPES | signature.BF16_TYPES:
+            if not p.pointer and (ct is None or p.ctype in signature.HALF_TYPES | signature.BF16_TYPES):
                 # structs, and 16-bit floats (their bit pattern, converted by the general path): raw bytes
                 ct, code = ctypes.c_char * size, None
             slots.append(Slot(p, offset, size, code, ct))

@@ -90,7 +90,7 @@ def bindings():
     try:
         from hip import hip, hiprtc
     except ImportError as e:
-        raise PlatformError(f"hip-python is not installed ({e}); install it with: pip install 'rocjit[rocm]'") from e
+        raise PlatformError(f"hip-python is not installed ({e}); install it with: pip install hip-python") from e
     return hip, hiprtc
 
 
