@@ -118,8 +118,8 @@ def test_short_names():
 
 def _nvrtc():
     try:
-        from rocjit.platform import cuda
-        cuda.compiler_version()
+        from rocjit.compilers import nvrtc
+        nvrtc.version()
     except Exception as e:
         pytest.skip(f"NVRTC is not usable here: {e}")
 

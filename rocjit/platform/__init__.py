@@ -34,11 +34,11 @@ class Compiled:
         if self.lowered:
             return list(self.lowered)
         try:
-            from rocjit.platform import hip  # the ELF reader; no vendor binding is loaded for it
+            from rocjit import codeobject   # the ELF reader; no vendor binding is loaded for it
             if self.format == "hsaco":      # every AMD kernel has a `<name>.kd` descriptor symbol
-                return [s.name[:-3] for s in hip.elf_symbols(self.binary) if s.name.endswith(".kd")]
+                return [s.name[:-3] for s in codeobject.elf_symbols(self.binary) if s.name.endswith(".kd")]
             if self.format == "cubin":      # every NVIDIA kernel has its own `.nv.info.<name>` section
-                return [s.name[9:] for s in hip.elf_sections(self.binary) if s.name.startswith(".nv.info.")]
+                return [s.name[9:] for s in codeobject.elf_sections(self.binary) if s.name.startswith(".nv.info.")]
         except Exception:                   # a damaged binary still gets a repr
             pass
         return []
