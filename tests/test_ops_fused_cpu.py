@@ -40,9 +40,9 @@ def test_instantiations_compile_for_sm90a(name):
 
 def _require_amd(target):
     """Skip when no compiler can build `target` here, except where CI demands AMD builds (ROCJIT_REQUIRE_AMD=1)."""
-    from rocjit import toolchain
+    from rocjit import compilers, toolchain
     try:
-        ready = toolchain.choose_compiler(target) == "hiprtc" or toolchain.find() is not None
+        ready = compilers.amd_compiler_name(target) == "hiprtc" or toolchain.find() is not None
         why = "" if ready else "the offline AMD toolchain is not installed (python -m rocjit toolchain install)"
     except Exception as e:
         ready, why = False, f"{type(e).__name__}: {e}"

@@ -4,7 +4,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
-from rocjit.ops import gemv as G  # noqa: E402
+from rocjit.ops import matvec as G  # noqa: E402
 from rocjit.ops import int_quant as Q  # noqa: E402
 from rocjit.ops import skinny  # noqa: E402
 

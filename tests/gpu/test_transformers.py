@@ -65,8 +65,8 @@ def _decode_logits(model, seq, start):
 def test_bf16_logits_and_greedy_tokens(family):
     """Logits against float32; greedy decoding over 32 steps. A random-init model's logits are nearly flat, so
     two bf16 models (stock and patched) may rank a near-tie differently: the patched model must choose the stock
-    model's token at every step whose top-2 gap is larger than the largest logit difference seen at that step
-    (bf16 noise); near-ties may differ. Both decode the same token sequence (the stock model's)."""
+    model's token at every step whose top-2 gap exceeds 5% of that step's logit spread (std), a margin no bf16
+    rounding difference should cross; closer ties may differ. Both decode the stock model's token sequence."""
     model = _model(family)
     ids = torch.randint(0, 1000, (1, 12), device="cuda", generator=torch.Generator("cuda").manual_seed(7))
     ref = _reference_logits(model, ids)
@@ -82,11 +82,11 @@ def test_bf16_logits_and_greedy_tokens(family):
     assert torch.equal(stock_steps.argmax(-1), seq[0, ids.shape[1]:])     # the stock steps are what generate chose
     top2 = stock_steps.topk(2, dim=-1).values
     gap = top2[:, 0] - top2[:, 1]
-    noise = (ours_steps - stock_steps).abs().amax(-1)
-    decided = gap > 2 * noise
-    assert int(decided.sum()) >= 24, "too few steps are decided beyond bf16 noise for the test to mean anything"
+    decided = gap > 0.05 * stock_steps.std(-1)
+    assert int(decided.sum()) >= 24, "too few steps are decided clearly for the test to mean anything"
     agree = ours_steps.argmax(-1) == stock_steps.argmax(-1)
-    assert bool(agree[decided].all()), (agree.tolist(), gap.tolist(), noise.tolist())
+    assert bool(agree[decided].all()), (agree.tolist(), gap.tolist())
+    assert _rel(ours_steps, stock_steps) < 0.03
     rt.unpatch(model)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, stock)            # unpatched: the stock model again, bit for bit
@@ -101,7 +101,7 @@ def test_fp8_error_bound(family):
     with torch.no_grad():
         fp8 = model(ids).logits
         one = model(ids[:, :1]).logits                             # the decode path (one token) too
-        out = model.generate(ids, max_new_tokens=8, do_sample=False)
+        out = model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert not torch.isnan(fp8).any() and out.shape == (1, 17)
     assert _rel(fp8, ref) < 0.35
     assert _rel(one, ref[:, :1]) < 0.35
