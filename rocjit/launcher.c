@@ -610,9 +610,21 @@ static int launch_direct(Launcher *lz, const rj_launch *L, const Plan *plan, con
     union { char bytes[RJ_MAX_BLOCK]; double d; int64_t q; void *p; } block;
     void *ptrs[RJ_MAX_PARAMS];
     void *fn;
-    if (L->kwnames || s->nparams != L->nargs || dev < 0 || dev >= RJ_MAX_DEVICES || !(fn = s->fns[dev]) ||
+    unsigned long long shared = 0;
+    if (s->nparams != L->nargs || dev < 0 || dev >= RJ_MAX_DEVICES || !(fn = s->fns[dev]) ||
         s->device_type != plan->device_type)
         return -1;
+    if (L->shared) {                      /* within the limit the function was given, as the launcher checks */
+        shared = PyLong_AsUnsignedLongLong(L->shared);
+        PyObject *key = PyLong_FromLong(dev);
+        if (!key) { PyErr_Clear(); return -1; }
+        PyObject *lim = PyDict_GetItemWithError(s->limits, key);    /* borrowed */
+        Py_DECREF(key);
+        if (!lim) { PyErr_Clear(); return -1; }
+        unsigned long long l = PyLong_AsUnsignedLongLong(lim);
+        if (l == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+        if (shared > l) return -1;
+    }
     for (int i = 0; i < s->nparams; i++) {
         const rj_param *p = &s->params[i];
         const rj_ref *r = &L->args[i];
@@ -639,8 +651,8 @@ static int launch_direct(Launcher *lz, const rj_launch *L, const Plan *plan, con
     }
     int err;
     Py_BEGIN_ALLOW_THREADS
-    err = s->launch(fn, lz->grid[0], lz->grid[1], lz->grid[2], lz->block[0], lz->block[1], lz->block[2], 0, stream,
-                    ptrs, NULL);
+    err = s->launch(fn, lz->grid[0], lz->grid[1], lz->grid[2], lz->block[0], lz->block[1], lz->block[2],
+                    (unsigned)shared, stream, ptrs, NULL);
     Py_END_ALLOW_THREADS
     if (err) return -1;
     lz->native_calls++;

@@ -197,6 +197,24 @@ def test_replay_through_a_native_launcher_packs_what_the_launcher_packs(mod):
     assert drv.calls[1] == drv.calls[0]
 
 
+@pytest.mark.parametrize("shared", [1024, 48 * 1024 + 1])
+def test_replay_with_shared_memory_respects_the_functions_limit(mod, shared):
+    """Dynamic shared memory goes straight to the driver within the limit the function was given; above it the
+    plan calls the launcher, whose own path decides (here: its fallback)."""
+    drv, lfb = Driver(), Fallback()
+    spec, limits = _spec(mod, drv)
+    launcher = mod.Launcher(spec, (1, 1, 1), (32, 1, 1), lfb)
+    P, fb = _plans(mod, "TT")
+    x, y = torch.randn(64), torch.randn(256)[4:]
+    refs = [("c", 0), ("a", 0), ("a", 1), ("c", 1), ("c", 2), ("c", 3), ("c", 4), ("c", 5)]
+    assert P.add((x, y), [], [2.5, 7, 5, True, -0.125, -5], [(launcher, refs, shared)], [("a", 0)], False, None)
+    P(x, y)
+    if shared <= limits[0]:
+        assert P.direct == 1 and drv.calls[0][3] == shared and lfb.calls == []
+    else:
+        assert P.direct == 0 and drv.calls == [] and lfb.calls[0][1] == {"shared_mem": shared}
+
+
 # ----------------------------------------------------------------------------- what a call records
 class FakeKernel:
     """kernel[grid, block] for the recording tests: every configuration is one recording launcher."""

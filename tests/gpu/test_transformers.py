@@ -52,39 +52,42 @@ def _reference_logits(model, ids):
     return out
 
 
-def _decode_logits(model, seq, start):
-    """Logits of each decode step for the tokens of `seq` from position `start` on (KV cache, one token a step)."""
+def _greedy(model, ids, steps, follow=None):
+    """Greedy decoding with a KV cache, one token a step: (logits of each step [steps, vocab], tokens). With
+    `follow`, the tokens fed back are those (teacher forcing), so two models decode the same sequence."""
     cache = transformers.DynamicCache(config=model.config)
-    out = [model(input_ids=seq[:, :start], past_key_values=cache, use_cache=True).logits[:, -1]]
-    for i in range(start, seq.shape[1] - 1):
-        out.append(model(input_ids=seq[:, i:i + 1], past_key_values=cache, use_cache=True).logits[:, -1])
-    return torch.cat(out).float()
+    logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
+    out, toks = [logits], [logits.argmax(-1).view(())]        # each step's own choice
+    for i in range(steps - 1):
+        tok = toks[-1] if follow is None else follow[i]
+        logits = model(input_ids=tok.view(1, 1), past_key_values=cache, use_cache=True).logits[:, -1]
+        out.append(logits)
+        toks.append(logits.argmax(-1).view(()))
+    return torch.cat(out).float(), torch.stack(toks)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_bf16_logits_and_greedy_tokens(family):
     """Logits against float32; greedy decoding over 32 steps. A random-init model's logits are nearly flat, so
-    two bf16 models (stock and patched) may rank a near-tie differently: the patched model must choose the stock
-    model's token at every step whose top-2 gap exceeds 5% of that step's logit spread (std), a margin no bf16
-    rounding difference should cross; closer ties may differ. Both decode the stock model's token sequence."""
+    two bf16 models (stock and patched) may rank a near-tie differently: the patched model, fed the stock model's
+    tokens, must choose the stock model's token at every step whose top-2 gap exceeds 5% of that step's logit
+    spread (std), a margin no bf16 rounding difference should cross; closer ties may differ."""
     model = _model(family)
     ids = torch.randint(0, 1000, (1, 12), device="cuda", generator=torch.Generator("cuda").manual_seed(7))
     ref = _reference_logits(model, ids)
     with torch.no_grad():
         stock = model(ids).logits
-        seq = model.generate(ids, max_new_tokens=32, do_sample=False, min_new_tokens=32)
-        stock_steps = _decode_logits(model, seq, ids.shape[1])
+        stock_steps, stock_tokens = _greedy(model, ids, 32)
         rt.patch(model)
         patched = model(ids).logits
-        ours_steps = _decode_logits(model, seq, ids.shape[1])
+        ours_steps, ours_tokens = _greedy(model, ids, 32, follow=stock_tokens)
     err_stock, err_ours = _rel(stock, ref), _rel(patched, ref)
     assert err_ours < 0.03 and err_ours < 2 * err_stock + 0.01, (err_ours, err_stock)
-    assert torch.equal(stock_steps.argmax(-1), seq[0, ids.shape[1]:])     # the stock steps are what generate chose
     top2 = stock_steps.topk(2, dim=-1).values
     gap = top2[:, 0] - top2[:, 1]
     decided = gap > 0.05 * stock_steps.std(-1)
     assert int(decided.sum()) >= 24, "too few steps are decided clearly for the test to mean anything"
-    agree = ours_steps.argmax(-1) == stock_steps.argmax(-1)
+    agree = ours_tokens == stock_tokens
     assert bool(agree[decided].all()), (agree.tolist(), gap.tolist())
     assert _rel(ours_steps, stock_steps) < 0.03
     rt.unpatch(model)
