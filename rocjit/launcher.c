@@ -267,6 +267,26 @@ static int contiguous(const rj_tensor *t) {
     return 1;
 }
 
+/* 1 when `shared` bytes of dynamic shared memory are within what the function allows on `dev`; 0 otherwise
+ * (and when that cannot be told), with no Python error left set: the caller's Python path decides. */
+static int shared_allowed(const Spec *s, int dev, unsigned long long shared) {
+    if (!shared) return 1;
+    PyObject *key = PyLong_FromLong(dev);
+    if (!key) { PyErr_Clear(); return 0; }
+    PyObject *lim = PyDict_GetItemWithError(s->limits, key);    /* borrowed */
+    Py_DECREF(key);
+    if (!lim) { PyErr_Clear(); return 0; }
+    unsigned long long l = PyLong_AsUnsignedLongLong(lim);
+    if (l == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    return shared <= l;
+}
+
+/* 1 when the function's context for `dev` is current (or the platform does not ask), 0 otherwise */
+static int context_current(const Spec *s, int dev) {
+    void *cur = NULL;
+    return !s->get_ctx || (s->get_ctx(&cur) == 0 && cur == s->ctxs[dev]);
+}
+
 static PyObject *launcher_vectorcall(Launcher *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Spec *s = self->spec;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -325,21 +345,9 @@ static PyObject *launcher_vectorcall(Launcher *self, PyObject *const *args, size
         if (!PyLong_CheckExact(shared_obj)) goto fallback;
         shared = PyLong_AsUnsignedLongLong(shared_obj);
         if (shared == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); goto fallback; }
-        if (shared) {
-            PyObject *key = PyLong_FromLong(dev);
-            if (!key) { PyErr_Clear(); goto fallback; }
-            PyObject *lim = PyDict_GetItemWithError(s->limits, key);    /* borrowed */
-            Py_DECREF(key);
-            if (!lim) { PyErr_Clear(); goto fallback; }
-            unsigned long long l = PyLong_AsUnsignedLongLong(lim);
-            if (l == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); goto fallback; }
-            if (shared > l) goto fallback;
-        }
+        if (!shared_allowed(s, dev, shared)) goto fallback;
     }
-    if (s->get_ctx) {
-        void *cur = NULL;
-        if (s->get_ctx(&cur) != 0 || cur != s->ctxs[dev]) goto fallback;
-    }
+    if (!context_current(s, dev)) goto fallback;
     if (!stream_obj || stream_obj == Py_None) {
         if (s->api->current_work_stream(s->device_type, dev, &stream) != 0) { PyErr_Clear(); goto fallback; }
     } else if (PyLong_CheckExact(stream_obj)) {
@@ -614,16 +622,10 @@ static int launch_direct(Launcher *lz, const rj_launch *L, const Plan *plan, con
     if (s->nparams != L->nargs || dev < 0 || dev >= RJ_MAX_DEVICES || !(fn = s->fns[dev]) ||
         s->device_type != plan->device_type)
         return -1;
-    if (L->shared) {                      /* within the limit the function was given, as the launcher checks */
+    if (L->shared) {                      /* a positive int, checked when the plan was added */
         shared = PyLong_AsUnsignedLongLong(L->shared);
-        PyObject *key = PyLong_FromLong(dev);
-        if (!key) { PyErr_Clear(); return -1; }
-        PyObject *lim = PyDict_GetItemWithError(s->limits, key);    /* borrowed */
-        Py_DECREF(key);
-        if (!lim) { PyErr_Clear(); return -1; }
-        unsigned long long l = PyLong_AsUnsignedLongLong(lim);
-        if (l == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
-        if (shared > l) return -1;
+        if (shared == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+        if (!shared_allowed(s, dev, shared)) return -1;
     }
     for (int i = 0; i < s->nparams; i++) {
         const rj_param *p = &s->params[i];
@@ -645,10 +647,7 @@ static int launch_direct(Launcher *lz, const rj_launch *L, const Plan *plan, con
             if (!o || scalar_into(p->code, o, dst) != 0) return -1;
         }
     }
-    if (s->get_ctx) {
-        void *cur = NULL;
-        if (s->get_ctx(&cur) != 0 || cur != s->ctxs[dev]) return -1;
-    }
+    if (!context_current(s, dev)) return -1;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = s->launch(fn, lz->grid[0], lz->grid[1], lz->grid[2], lz->block[0], lz->block[1], lz->block[2],
