@@ -49,10 +49,14 @@ def _grad(t) -> bool:
     return t.requires_grad and _torch().is_grad_enabled()
 
 
+def _stock(x, max_m: int) -> bool:
+    """This call runs the model's own code: more rows than the decode kernels take, gradients, or not on a GPU."""
+    return x.numel() // x.shape[-1] > max_m or _grad(x) or not x.is_cuda
+
+
 # ----------------------------------------------------------------------------- weights
 def quantize_weight_fp8(w, fmt: str = "e4m3fn"):
     """(q [N, K] fp8, scale [N] float32) with w ~= q * scale[:, None]: one scale per output channel."""
-    torch = _torch()
     from rocjit.ops import _common as C
     wf = w.detach().float()
     fmax = C.fp8_max(fmt)
@@ -76,10 +80,10 @@ def _norm_forward(self, hidden_states):
 
 def _mlp_forward(self, x):
     p = getattr(self, _ATTR)
-    rows = x.numel() // x.shape[-1]
-    if rows > p["max_m"] or _grad(x) or not x.is_cuda:
+    if _stock(x, p["max_m"]):
         return p["orig"](x)
     ops = _ops()
+    rows = x.numel() // x.shape[-1]
     x2 = x.reshape(rows, x.shape[-1])
     if p["fp8"]:
         q, s = ops.quantize_fp8(x2, granularity="token", fp8_format=p["fmt"])
@@ -100,10 +104,10 @@ def _mlp_fp8(mlp, p, q, s):
 
 def _linear_fp8_forward(self, x):
     p = getattr(self, _ATTR)
-    rows = x.numel() // x.shape[-1]
-    if rows > p["max_m"] or _grad(x) or not x.is_cuda:
+    if _stock(x, p["max_m"]):
         return p["orig"](x)
     ops = _ops()
+    rows = x.numel() // x.shape[-1]
     q, s = ops.quantize_fp8(x.reshape(rows, x.shape[-1]), granularity="token", fp8_format=p["fmt"])
     y = ops.skinny_gemm(q, p["w"], scale_a=s.view(-1), scale_w=p["scale"], out_dtype=x.dtype)
     if self.bias is not None:

@@ -208,6 +208,20 @@ def check_float(op: str, name: str, v) -> float:
     return float(v)
 
 
+def into_out(y, out):
+    """A result computed by a torch.compile'd op, written into out= when one was given (the copy is traced)."""
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def to_caller(y, out, framework: str):
+    """What the caller gets back: its own out= outside torch (a numpy out gets the values copied in), else y in the
+    caller's framework."""
+    return copy_back(out, y, framework) if out is not None and framework != "torch" else convert_outputs(y, framework)
+
+
 def convert_outputs(result, framework: str):
     if framework == "torch":
         return result

@@ -90,11 +90,9 @@ def swiglu(call, gate_up, *, scale=None, quant=None, out=None, fp8_format=None):
     fmt = C.fp8_format(fp8_format, xt.device) if quant else "e4m3fn"
     if C.compiling():
         y, scales = swiglu.__rocjit_op__.torch_op()(xt, scale, quant or "none", fmt)
-        if ot is not None:
-            ot.copy_(y)
-            y = ot
+        y = C.into_out(y, ot)
     else:
         y, scales = _run(call, xt, scale, quant, fmt, ot)
-    y = C.copy_back(out, y, fw) if out is not None and fw != "torch" else C.convert_outputs(y, fw)
+    y = C.to_caller(y, out, fw)
     scales = C.convert_outputs(scales, fw)
     return call.done((y, scales) if quant == "per_token" else y)

@@ -174,12 +174,7 @@ def gemv(call, w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
     ot = C.to_torch(out, "out", name)[0] if out is not None else None
     if C.compiling():
         _check(wt, xt, st, zt, group_size, ot)
-        y = gemv.__rocjit_op__.torch_op()(wt, xt, st, zt, int(group_size or 0))
-        if ot is not None:
-            ot.copy_(y)
-            y = ot
+        y = C.into_out(gemv.__rocjit_op__.torch_op()(wt, xt, st, zt, int(group_size or 0)), ot)
     else:
         y = _run(call, wt, xt, st, zt, group_size, ot)
-    if out is not None and fw != "torch":
-        return C.copy_back(out, y, fw)
-    return call.done(C.convert_outputs(y, fw))
+    return call.done(C.to_caller(y, out, fw))

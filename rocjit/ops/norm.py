@@ -105,15 +105,10 @@ def rms_norm(call, x, weight, eps=1e-6, *, residual=None, scale=None, quant=None
         eps = C.check_float(name, "eps", eps)
     if C.compiling():
         y, scales = rms_norm.__rocjit_op__.torch_op()(xt, wt, eps, rt, scale, quant or "none", fmt)
-        if ot is not None:
-            ot.copy_(y)
-            y = ot
+        y = C.into_out(y, ot)
     else:
         y, scales = _run(call, xt, wt, eps, rt, scale, quant, fmt, ot)
-    if out is not None and fw != "torch":
-        y = C.copy_back(out, y, fw)
-    else:
-        y = C.convert_outputs(y, fw)
+    y = C.to_caller(y, out, fw)
     scales = C.convert_outputs(scales, fw)
     if rt is not None and fw == "numpy":  # the caller's array gets the in-place update
         C.copy_back(residual, rt, fw)

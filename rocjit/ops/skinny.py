@@ -15,7 +15,7 @@ from rocjit.ops import _common as C
 from rocjit.ops import _gemm as G
 from rocjit.ops._gemm import (aligned_operands, ctype, has_matrix_path, has_stream_path, launch_mma,  # noqa: F401
                               launch_portable, launch_stream, mma_candidates, mma_default, portable_candidates,
-                              stream_candidates, stream_stages)
+                              stream_candidates)
 from rocjit.ops._op import UNRECORDED, op
 
 MAX_M = 32
@@ -135,12 +135,7 @@ def skinny_gemm(call, a, w, *, scale_a=None, scale_w=None, out_dtype=None, out=N
     ot = C.to_torch(out, "out", name)[0] if out is not None else None
     if C.compiling():
         od = _check(at, wt, sa, sw, out_dtype, ot)[4]
-        y = skinny_gemm.__rocjit_op__.torch_op()(at, wt, sa, sw, str(od).replace("torch.", ""))
-        if ot is not None:
-            ot.copy_(y)
-            y = ot
+        y = C.into_out(skinny_gemm.__rocjit_op__.torch_op()(at, wt, sa, sw, str(od).replace("torch.", "")), ot)
     else:
         y = _run(call, at, wt, sa, sw, out_dtype, ot)
-    if out is not None and fw != "torch":
-        return C.copy_back(out, y, fw)
-    return call.done(C.convert_outputs(y, fw))
+    return call.done(C.to_caller(y, out, fw))
