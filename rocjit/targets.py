@@ -31,6 +31,14 @@ def is_nvidia(target: str) -> bool:
     return vendor(target) == "cuda"
 
 
+def wave_size(target: str) -> int:
+    """Threads per wave: 32 on NVIDIA and on RDNA (gfx10 and later compile wave32 by default), 64 on GCN / CDNA."""
+    if vendor(target) == "cuda":
+        return 32
+    major = int(target[3:-2])          # gfx90a -> 9, gfx942 -> 9, gfx1100 -> 11: the last two characters are minor
+    return 32 if major >= 10 else 64
+
+
 def is_ptx(target: str) -> bool:
     """compute_XX: NVRTC returns PTX text instead of a cubin."""
     return vendor(target) == "cuda" and target.startswith("compute_")

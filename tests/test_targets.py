@@ -143,3 +143,20 @@ def test_missing_libnvrtc_is_a_rocjit_error(monkeypatch):
 def test_toolchain_status_uses_the_same_policy():
     status = toolchain.status()
     assert set(status["targets"]) == {"gfx90a", "gfx942", "gfx950"}
+
+
+def test_wave_sizes():
+    assert [targets.wave_size(t) for t in ("sm_90a", "gfx803", "gfx90a", "gfx942", "gfx950")] == [32, 64, 64, 64, 64]
+    assert [targets.wave_size(t) for t in ("gfx1030", "gfx1100", "gfx1201")] == [32, 32, 32]
+
+
+def test_rdna_targets_compile_with_the_offline_clang():
+    """gfx10+ compiles wave32: the HIP headers refuse an RDNA target told it is wave64."""
+    if toolchain.find() is None:
+        if os.environ.get("ROCJIT_REQUIRE_AMD") == "1":
+            pytest.fail("ROCJIT_REQUIRE_AMD=1 but the offline AMD toolchain is not installed")
+        pytest.skip("the offline AMD toolchain is not installed")
+    src = ("#include <hip/hip_runtime.h>\n"
+           "__global__ void k(int* x) { if (threadIdx.x == 0) x[0] = warpSize; }\n")
+    co = rocjit.compile(src, target="gfx1100")
+    assert co.target == "gfx1100" and co.binary[:4] == b"\x7fELF"

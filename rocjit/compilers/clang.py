@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from rocjit import codeobject, toolchain
+from rocjit import codeobject, targets, toolchain
 from rocjit.errors import CompileError
 from rocjit.platform import Compiled
 
@@ -38,8 +38,8 @@ def _command(tc: toolchain.Toolchain, target, options, include_dirs, src: Path, 
            f"--offload-arch={target}", f"--rocm-path={tc.tree / 'usr'}", f"--rocm-device-lib-path={tc.bitcode_dir}",
            # the 6.4 HIP headers must win over a system-wide ROCm 5.2 /usr/include/hip
            "-isystem", str(tc.include_dir),
-           # gfx9 is wave64; clang 22 stopped predefining this but the HIP headers read it
-           "-D__AMDGCN_WAVEFRONT_SIZE=64", "-mcode-object-version=5"]
+           # clang 22 stopped predefining this but the HIP headers read it (gfx9: 64; RDNA compiles wave32)
+           f"-D__AMDGCN_WAVEFRONT_SIZE={targets.wave_size(target)}", "-mcode-object-version=5"]
     if not any(str(o).startswith(("-std=", "--std=")) for o in options):
         cmd.append("-std=c++17")
     cmd += [f"-I{d}" for d in include_dirs] + [str(o) for o in options]
