@@ -15,6 +15,7 @@ registers); the tuner picks per shape bucket.
 """
 from typing import Optional
 
+from rocjit import targets
 from rocjit.ops import _common as C
 from rocjit.ops import _gemm as G
 from rocjit.ops._op import UNRECORDED, op
@@ -140,7 +141,7 @@ def run_config(cfg: dict, kind: str, x, w, out, w_scale, w_zero, group_size, tar
     K = x.shape[-1]
     B, N = x.numel() // K, w.shape[0]
     if cfg["path"] == "mma":
-        return G.launch_mma(x, w, out, None, None, B, N, K, cfg, target, 32 if target.startswith("sm_") else 64, call)
+        return G.launch_mma(x, w, out, None, None, B, N, K, cfg, target, targets.wave_size(target), call)
     if cfg["path"] == "stream":
         return G.launch_stream(x, w, out, None, None, B, N, K, cfg, sms, call)
     st = G.ctype(w_scale.dtype) if w_scale is not None else "float"

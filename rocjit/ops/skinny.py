@@ -11,6 +11,7 @@ Configs come from rocjit.tune (tuned once per shape bucket, then persisted).
 """
 from typing import Optional
 
+from rocjit import targets
 from rocjit.ops import _common as C
 from rocjit.ops import _gemm as G
 from rocjit.ops._gemm import (aligned_operands, ctype, has_matrix_path, has_stream_path, launch_mma,  # noqa: F401
@@ -72,7 +73,7 @@ def _check(a, w, scale_a, scale_w, out_dtype, out):
 def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8):
     """The tuned (or default) config of this problem and run(cfg, w=w, call=UNRECORDED) that launches it."""
     target, devname, sms = G._device(a.device.index or 0)
-    wave = 32 if target.startswith("sm_") else 64
+    wave = targets.wave_size(target)
     eb = a.element_size()
     if has_matrix_path(target, fp8):
         cands, default = mma_candidates(M, N, K, sms, eb), mma_default(M, N, K, sms, eb)
