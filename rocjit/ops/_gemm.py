@@ -170,39 +170,41 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
     return out
 
 
-_tickets: dict = {}
+_stream_state: dict = {}
 _spare_tickets: dict = {}
 
 
-def _tickets_for(device, tiles: int):
-    """Zeroed per-tile tickets of the stream kernel, one buffer per (device, stream): the kernel resets
-    each ticket it uses, so a buffer stays zero between launches and graph replays. A graph being
-    captured on a new stream takes a buffer zeroed beforehand (no memset captured into the graph)."""
+def _stream_buffers(device, tiles: int, ws_floats: int):
+    """(tickets, workspace) of the stream kernel for the current stream, kept from call to call: per-tile tickets
+    that the kernel resets after use (so they stay zero between launches and graph replays) and the fp32 partials
+    of its fix-up, which launches on one stream never use at the same time. A graph being captured takes tickets
+    zeroed beforehand (no memset captured into the graph) and a workspace of its own (graph-owned memory)."""
     import torch
     size = max(tiles, 4096)
+    capturing = torch.cuda.is_current_stream_capturing()
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    buf = _tickets.get(key)
-    if buf is not None and buf.numel() >= size:
-        return buf
-    spares = _spare_tickets.setdefault(device.index, [])
-    if torch.cuda.is_current_stream_capturing():
-        fit = [b for b in spares if b.numel() >= size]
-        if not fit:
-            return torch.zeros(size, dtype=torch.int32, device=device)   # valid for this graph only
-        buf = fit[0]
-        spares.remove(buf)
-    else:
-        buf = torch.zeros(size, dtype=torch.int32, device=device)
+    state = None if capturing else _stream_state.get(key)
+    if state is None or state[0].numel() < size:
+        spares = _spare_tickets.setdefault(device.index, [])
+        if capturing:
+            fit = [b for b in spares if b.numel() >= size]
+            if fit:
+                spares.remove(fit[0])
+            tickets = fit[0] if fit else torch.zeros(size, dtype=torch.int32, device=device)  # this graph's own
+            return tickets, torch.empty(ws_floats, dtype=torch.float32, device=device)
+        tickets = torch.zeros(size, dtype=torch.int32, device=device)
         while len(spares) < 8:
             spares.append(torch.zeros(max(size, 16384), dtype=torch.int32, device=device))
-    _tickets[key] = buf
-    return buf
+        state = [tickets, torch.empty(0, dtype=torch.float32, device=device)]
+        _stream_state[key] = state
+    if state[1].numel() < ws_floats:
+        state[1] = torch.empty(max(ws_floats, 2 * state[1].numel()), dtype=torch.float32, device=device)
+    return state[0], state[1]
 
 
 def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int, call=UNRECORDED):
-    """C = A W^T (* scales) with skinny_stream_kernel: one launch, stream-K, fixed-order fix-up. Its tickets
-    belong to the current stream, so a plan recorded here replays on that stream only."""
-    import torch
+    """C = A W^T (* scales) with skinny_stream_kernel: one launch, stream-K, fixed-order fix-up. Its tickets and
+    workspace belong to the current stream, so a plan recorded here replays on that stream only."""
     nt = -(-M // 8)
     mt, cw, bk, pw, cps = cfg["mt"], cfg["cw"], cfg["bk"], cfg["pw"], cfg["cps"]
     stages = cfg.get("stages") or stream_stages(M, cfg)
@@ -210,10 +212,11 @@ def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict
     tiles = -(-N // rows)
     total = tiles * -(-K * a.element_size() // bk)
     grid = max(1, min(sms * cps, total))
-    ws = call.empty((grid * 2 * cw * 32 * mt * nt * 4,), torch.float32, a.device)
+    tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * cw * 32 * mt * nt * 4)
     smem = stages * (rows + 8 * nt) * (bk + 16) + 16 * stages
     name = f"skinny_stream_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {cw}, {bk}, {stages}, {pw}>"
-    tickets = call.const(_tickets_for(a.device, tiles))
+    call.const(tickets)
+    call.const(ws)
     call.bind_stream()
     call.launch(_kernel(SRC, name), grid, (cw + pw) * 32, a, w, out, ws, tickets, scale_a, scale_w,
                 scale_modes(M, N, scale_a, scale_w), M, N, K, shared_mem=smem)

@@ -53,6 +53,7 @@ class Op:
     state: "_State" = None               # read by the public function on every call
     plans: object = None                 # the native Plans, made at the first eager torch call
     last_plan: list = None               # [(kernel, pointer params, scalar params)] of the last plan recorded
+    last_outputs: list = None            # [(torch dtype, shape)] that the last plan recorded allocates
 
     def torch_op(self):
         """torch.ops.rocjit.<name>, registered on first use."""
@@ -268,6 +269,7 @@ class Call:
                     for fn, refs_, sm, _ in self._launches]
         self.op.last_plan = [(k.name, sum(p.pointer for p in k.params), sum(not p.pointer for p in k.params))
                              for *_, k in self._launches]
+        self.op.last_outputs = [(t.dtype, shape) for t, shape in self._outs]
         _activate(self.op)
         if self.op.plans is not None:
             self.op.plans.add(tuple(self.args), outputs, list(self._consts), launches, refs,
