@@ -30,7 +30,13 @@ def test_patch_replaces_norms_layers_mlps_and_unpatch_restores(fp8):
     names = _overridden(model)
     assert names.count("LlamaRMSNorm") == 5              # 2 per layer + the final norm
     assert names.count("LlamaDecoderLayer") == 2 and names.count("LlamaMLP") == 2
-    assert names.count("Linear") == (8 if fp8 else 0)    # q, k, v, o per layer
+    assert names.count("LlamaAttention") == 2            # q, k, v from one GEMM
+    assert names.count("Linear") == (2 if fp8 else 0)    # o_proj per layer (FP8)
+    attn = model.model.layers[0].self_attn
+    qkv = attn._rocjit_patch["qkv"]
+    assert attn.q_proj.weight.data_ptr() == qkv.data_ptr()
+    assert attn.k_proj.weight.data_ptr() == qkv[64:].data_ptr() and attn.v_proj.weight.data_ptr() == qkv[96:].data_ptr()
+    assert attn._rocjit_patch["sizes"] == [64, 32, 32] and not attn._rocjit_patch["sliding"]
     mlp = model.model.layers[0].mlp
     gu = mlp._rocjit_patch["gate_up"]
     # gate and up weights are views of one [2I, H] matrix, with their values unchanged
@@ -60,6 +66,9 @@ def test_other_families_patch(family):
     assert layers and all("forward" in m.__dict__ for m in layers)
     if family == "qwen3":                                  # q_norm / k_norm are RMSNorms too
         assert "forward" in model.model.layers[0].self_attn.q_norm.__dict__
+    p = model.model.layers[0].self_attn._rocjit_patch      # the fused q/k/v forward knows the family's details
+    assert p["qk_norm"] == (family == "qwen3") and p["sliding"]
+    assert (p["bias"] is not None) == (family == "qwen2")  # Qwen2's q/k/v projections have biases
     rt.unpatch(model)
 
 
@@ -83,3 +92,23 @@ def test_fp8_weights_quantize_per_output_channel():
     assert torch.allclose(q.float().abs().amax(1), torch.full((48,), 448.0))   # each row uses the full range
     err = (q.double() * s.double()[:, None] - w.double()).abs() / w.double().abs().amax(1, keepdim=True)
     assert float(err.max()) <= 2 ** -4 + 1e-6             # e4m3: half an ulp of 3 mantissa bits, per row's max
+
+
+def test_an_attention_of_unknown_shape_keeps_its_forward():
+    """A transformers attention whose forward is not the one the fused q/k/v path reproduces is left alone, with a
+    warning naming why; the rest of the model is patched."""
+    model = _tiny()
+    attn_cls = type(model.model.layers[0].self_attn)
+
+    class OtherAttention(attn_cls):
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
+                    **kwargs):
+            return super().forward(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+    OtherAttention.__module__ = attn_cls.__module__      # the module has the helpers; the forward is another
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = OtherAttention
+    with pytest.warns(UserWarning, match="q, k, v not fused.*does not contain"):
+        rt.patch(model, fp8=True)
+    names = _overridden(model)
+    assert "OtherAttention" not in names and names.count("Linear") == 8    # q, k, v, o each FP8 on its own
+    rt.unpatch(model)

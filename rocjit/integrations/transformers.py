@@ -14,21 +14,31 @@ self_attn, post_attention_layernorm and a SwiGLU mlp):
 - each MLP, for at most ``ops.skinny.MAX_M`` (32) tokens: one ``skinny_gemm`` over gate and up weights stored
   as one [2I, H] matrix (gate_proj.weight and up_proj.weight become views of it; nothing is copied twice),
   ``swiglu``, and ``skinny_gemm`` for down; more tokens (prefill) use the model's own code;
+- each attention, for at most ``max_m`` tokens: q, k and v in one ``skinny_gemm`` over their weights stored as one
+  [q + k + v, H] matrix (q_proj / k_proj / v_proj weights become views of it), then the model's own rotary
+  embedding, cache update, attention function (eager / sdpa / flash, sliding windows included) and o_proj; a
+  transformers version whose attention forward differs from the one this was written against keeps its own
+  attention (with a warning);
 - with ``fp8=True``: the MLP and the attention projections keep an FP8 copy of their weights (e4m3, one scale per
   output channel); at decode the post-attention norm writes FP8 activations with per-token scales that the gate/up
-  GEMM reads directly, swiglu quantizes per token for down, and each attention projection quantizes its input per
-  token. The bf16 weights stay (prefill uses them, and ``unpatch`` gives the model back unchanged).
+  GEMM reads directly, swiglu quantizes per token for down, the attention's input is quantized per token once for
+  the fused q/k/v GEMM, and o_proj quantizes its input per token. The bf16 weights stay (prefill uses them, and
+  ``unpatch`` gives the model back unchanged).
 Anything that needs gradients (``requires_grad`` inputs with grad enabled) runs the stock code.
 """
 from __future__ import annotations
 
 import inspect
+import sys
 import types
+import warnings
 
 _ATTR = "_rocjit_patch"
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 _LAYER_PARAMS = ["self", "hidden_states", "attention_mask", "position_ids", "past_key_values", "use_cache",
                  "position_embeddings"]
+_ATTN_PARAMS = ["self", "hidden_states", "position_embeddings", "attention_mask", "past_key_values"]
+_ATTN_NAMES = ("apply_rotary_pos_emb", "ALL_ATTENTION_FUNCTIONS", "eager_attention_forward")
 
 
 class PatchError(ValueError):
@@ -115,6 +125,99 @@ def _linear_fp8_forward(self, x):
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
+def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
+                  **kwargs):
+    """The model's attention with q, k and v from one GEMM (the rest as the model's own forward does it)."""
+    p = getattr(self, _ATTR)
+    if _stock(hidden_states, p["max_m"]):
+        return p["orig"](hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+    ops = _ops()
+    mod = p["module"]
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    rows = hidden_states.numel() // hidden_states.shape[-1]
+    x2 = hidden_states.reshape(rows, hidden_states.shape[-1])
+    if p["fp8"]:
+        q8, s = ops.quantize_fp8(x2, granularity="token", fp8_format=p["fmt"])
+        qkv = ops.skinny_gemm(q8, p["qkv_fp8"], scale_a=s.view(-1), scale_w=p["qkv_scale"],
+                              out_dtype=hidden_states.dtype)
+    else:
+        qkv = ops.skinny_gemm(x2, p["qkv"])
+    if p["bias"] is not None:
+        qkv = qkv + p["bias"]
+    q, k, v = qkv.view(*input_shape, -1).split(p["sizes"], dim=-1)
+    q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
+    if p["qk_norm"]:
+        q, k = self.q_norm(q), self.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = mod.apply_rotary_pos_emb(q, k, cos, sin)
+    if past_key_values is not None:
+        k, v = past_key_values.update(k, v, self.layer_idx)
+    interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                          mod.eager_attention_forward)
+    if p["sliding"]:
+        kwargs["sliding_window"] = getattr(self, "sliding_window", getattr(self.config, "sliding_window", None))
+    out, weights = interface(self, q, k, v, attention_mask, dropout=0.0 if not self.training else
+                             self.attention_dropout, scaling=self.scaling, **kwargs)
+    out = out.reshape(*input_shape, -1).contiguous()
+    return self.o_proj(out), weights
+
+
+def _fusable_attention(attn) -> str | None:
+    """Why this attention cannot take the fused q/k/v forward (None: it can)."""
+    torch = _torch()
+    mod = sys.modules.get(type(attn).__module__)
+    if mod is None or not all(hasattr(mod, n) for n in _ATTN_NAMES):
+        return f"{type(attn).__module__} lacks {', '.join(_ATTN_NAMES)}"
+    params = list(inspect.signature(type(attn).forward).parameters)
+    if params[:len(_ATTN_PARAMS)] != _ATTN_PARAMS:
+        return f"{type(attn).__name__}.forward takes {params}"
+    lins = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    if not all(isinstance(m, torch.nn.Linear) for m in lins):
+        return "q_proj / k_proj / v_proj / o_proj are not all nn.Linear"
+    if not all(hasattr(attn, a) for a in ("head_dim", "layer_idx", "scaling", "config")):
+        return f"{type(attn).__name__} lacks head_dim / layer_idx / scaling / config"
+    if len({m.bias is None for m in lins[:3]}) != 1:
+        return "q/k/v projections mix biased and unbiased"
+    try:
+        src = inspect.getsource(type(attn).forward)
+    except (OSError, TypeError):
+        return f"the source of {type(attn).__name__}.forward is not available"
+    # the forward this integration reproduces: projections, optional q/k norms, rotary, cache, attention, o_proj
+    expected = ("self.q_proj(hidden_states)", "self.k_proj(hidden_states)", "self.v_proj(hidden_states)",
+                "apply_rotary_pos_emb(query_states, key_states, cos, sin)",
+                "past_key_values.update(key_states, value_states, self.layer_idx)", "self.o_proj(attn_output)")
+    missing = [e for e in expected if e not in src]
+    if missing:
+        return f"{type(attn).__name__}.forward does not contain {missing}"
+    extra = {"q_norm", "k_norm"} & set(dict(attn.named_children()))
+    if extra and not ("self.q_norm(" in src and "self.k_norm(" in src):
+        return f"{type(attn).__name__} has q/k norms used in a way not known here"
+    return None
+
+
+def _patch_attention(attn, fp8: bool, fmt, max_m: int):
+    """Fused q/k/v for one attention: its projections' weights become views of one matrix."""
+    torch = _torch()
+    lins = [attn.q_proj, attn.k_proj, attn.v_proj]
+    sizes = [m.weight.shape[0] for m in lins]
+    qkv = torch.cat([m.weight for m in lins]).contiguous()
+    off = 0
+    for m, n in zip(lins, sizes):
+        m.weight = torch.nn.Parameter(qkv[off:off + n], requires_grad=m.weight.requires_grad)
+        off += n
+    bias = torch.cat([m.bias for m in lins]).contiguous() if lins[0].bias is not None else None
+    src = inspect.getsource(type(attn).forward)
+    p = {"orig": attn.forward, "module": sys.modules[type(attn).__module__], "qkv": qkv, "bias": bias,
+         "sizes": sizes, "fp8": fp8, "fmt": fmt, "max_m": max_m, "sliding": "sliding_window=" in src,
+         "qk_norm": "self.q_norm(" in src}
+    if fp8:
+        p["qkv_fp8"], p["qkv_scale"] = quantize_weight_fp8(qkv, fmt)
+    setattr(attn, _ATTR, p)
+    attn.forward = types.MethodType(_attn_forward, attn)
+
+
 def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                    use_cache=False, position_embeddings=None, **kwargs):
     p = getattr(self, _ATTR)
@@ -195,6 +298,7 @@ def patch(model, *, fp8: bool = False, max_m: int | None = None):
         raise PatchError(f"max_m must be 1..{skinny.MAX_M}, got {max_m}")
     fmt = _fp8_format(p0.device) if fp8 else None
     patched = []
+    warned = False
     with torch.no_grad():
         for m in model.modules():
             if _is_rmsnorm(m):
@@ -211,11 +315,18 @@ def patch(model, *, fp8: bool = False, max_m: int | None = None):
             up.weight = torch.nn.Parameter(gate_up[n:], requires_grad=up.weight.requires_grad)
             mp = {"orig": mlp.forward, "gate_up": gate_up, "fp8": fp8, "fmt": fmt, "max_m": max_m,
                   "dtype": p0.dtype}
+            attn = layer.self_attn
+            why = _fusable_attention(attn)
+            if why is None:
+                _patch_attention(attn, fp8, fmt, max_m)
+                patched.append(attn)
+            elif not warned:
+                warnings.warn(f"rocjit: the attention keeps its own forward (q, k, v not fused): {why}", stacklevel=2)
+                warned = True
             if fp8:
                 mp["gate_up_fp8"], mp["gate_up_scale"] = quantize_weight_fp8(gate_up, fmt)
                 mp["down_fp8"], mp["down_scale"] = quantize_weight_fp8(mlp.down_proj.weight, fmt)
-                attn = layer.self_attn
-                for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                for name in ("o_proj",) if why is None else ("q_proj", "k_proj", "v_proj", "o_proj"):
                     lin = getattr(attn, name, None)
                     if isinstance(lin, torch.nn.Linear):
                         w, s = quantize_weight_fp8(lin.weight, fmt)

@@ -172,33 +172,59 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
 
 _stream_state: dict = {}
 _spare_tickets: dict = {}
+_graph_tickets: list = []            # tickets taken by captured graphs: they must outlive the graphs
+
+
+def _persistent_zeros(n: int, dtype, device):
+    """Zeroed memory that lives as long as the process, allocated on a thread of its own: allocations of the
+    calling thread may be routed into a CUDA-graph pool (torch.compile's cudagraph warm-up does that), which must
+    not keep memory of ours. The zeroing is finished when this returns."""
+    import threading
+    import torch
+    box = []
+
+    def alloc():
+        try:
+            t = torch.zeros(n, dtype=dtype, device=device)
+            torch.cuda.synchronize(device)
+            box.append(t)
+        except BaseException as e:       # passed on to the caller
+            box.append(e)
+    th = threading.Thread(target=alloc, name="rocjit-alloc")
+    th.start()
+    th.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 def _stream_buffers(device, tiles: int, ws_floats: int):
     """(tickets, workspace) of the stream kernel for the current stream, kept from call to call: per-tile tickets
     that the kernel resets after use (so they stay zero between launches and graph replays) and the fp32 partials
     of its fix-up, which launches on one stream never use at the same time. A graph being captured takes tickets
-    zeroed beforehand (no memset captured into the graph) and a workspace of its own (graph-owned memory)."""
+    zeroed beforehand (no memset captured into the graph), kept for good, and a workspace of its own."""
     import torch
     size = max(tiles, 4096)
     capturing = torch.cuda.is_current_stream_capturing()
+    spares = _spare_tickets.setdefault(device.index, [])
+    if capturing:
+        fit = [b for b in spares if b.numel() >= size]
+        if fit:
+            spares.remove(fit[0])
+            _graph_tickets.append(fit[0])
+            tickets = fit[0]
+        else:
+            tickets = torch.zeros(size, dtype=torch.int32, device=device)     # zeroed by the graph itself
+        return tickets, torch.empty(ws_floats, dtype=torch.float32, device=device)
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    state = None if capturing else _stream_state.get(key)
+    state = _stream_state.get(key)
     if state is None or state[0].numel() < size:
-        spares = _spare_tickets.setdefault(device.index, [])
-        if capturing:
-            fit = [b for b in spares if b.numel() >= size]
-            if fit:
-                spares.remove(fit[0])
-            tickets = fit[0] if fit else torch.zeros(size, dtype=torch.int32, device=device)  # this graph's own
-            return tickets, torch.empty(ws_floats, dtype=torch.float32, device=device)
-        tickets = torch.zeros(size, dtype=torch.int32, device=device)
+        state = [_persistent_zeros(size, torch.int32, device), torch.empty(0)]
         while len(spares) < 8:
-            spares.append(torch.zeros(max(size, 16384), dtype=torch.int32, device=device))
-        state = [tickets, torch.empty(0, dtype=torch.float32, device=device)]
+            spares.append(_persistent_zeros(max(size, 16384), torch.int32, device))
         _stream_state[key] = state
     if state[1].numel() < ws_floats:
-        state[1] = torch.empty(max(ws_floats, 2 * state[1].numel()), dtype=torch.float32, device=device)
+        state[1] = _persistent_zeros(max(ws_floats, 2 * state[1].numel()), torch.float32, device)
     return state[0], state[1]
 
 

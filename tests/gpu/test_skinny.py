@@ -172,3 +172,33 @@ def test_torch_compile_traces_custom_op():
     a, w, _, _, ref, _, tol = _case(torch.bfloat16, 4, 256, 512)
     f = torch.compile(lambda a, w: skinny.skinny_gemm(a, w) * 2, fullgraph=True)
     assert _rel(f(a, w) / 2, ref) < tol
+
+
+def test_stream_state_made_inside_cudagraph_trees(monkeypatch):
+    """The stream kernel's per-stream tickets and workspace first made inside torch.compile's cudagraph warm-up
+    (whose allocations go to the graph's pool) stay out of that pool, and the replays match the reference."""
+    from rocjit.ops import _gemm as G
+    target, _, sms = skinny._device(0)
+    if not skinny.has_stream_path(target):
+        pytest.skip("streamed kernel needs sm_90+")
+    M, N, K = 3, 2344, 16448
+    a, w, sa, sw, ref, od, tol = _case(F8, M, N, K)
+    cfg = skinny.stream_candidates(M, N, K, sms, 1)[0]
+    real = skinny.config_for
+
+    def forced(*args):
+        run = real(*args)[1]
+        return cfg, run
+    monkeypatch.setattr(skinny, "config_for", forced)
+    monkeypatch.setattr(G, "_stream_state", {})
+    monkeypatch.setattr(G, "_spare_tickets", {})
+    torch._dynamo.reset()
+    f = torch.compile(lambda a: skinny.skinny_gemm(a, w, scale_a=sa, scale_w=sw) * 1, fullgraph=True,
+                      mode="reduce-overhead")
+    for i in range(4):
+        got = f(a).clone()
+        assert _rel(got, ref) < tol, i
+    eager = skinny.skinny_gemm(a, w, scale_a=sa, scale_w=sw)
+    assert _rel(eager, ref) < tol
+    assert _rel(f(a), ref) < tol
+    torch._dynamo.reset()
