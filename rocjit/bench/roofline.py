@@ -324,7 +324,7 @@ class Sampler:
 # ----------------------------------------------------------------------------- the GPU side
 def _blockwise_adapter(fn, torch, ops, a_bf16, w_bf16):
     """A zero-argument call of rocjit.ops.gemm_fp8_blockwise (forward NT, 1x128 / 128x128 scales) on these
-    operands, or None when it refuses them. The only place that knows that op's signature: keep it tiny."""
+    operands (it raises when the op refuses them: the caller notes and skips). The only place that knows that op's signature: keep it tiny."""
     qa, sa = ops.quantize_fp8(a_bf16, granularity="block")
     qw, sw = ops.quantize_fp8_weight(w_bf16)
     call = lambda: fn(qa, sa, qw, sw, out_dtype=torch.bfloat16)  # noqa: E731
@@ -455,7 +455,7 @@ class _Run:
                   floor=row.pop("floor_us"), **row)
         r = self.result["rows"][-1]
         print(f"{r['case']:>22s} {'x'.join(map(str, r['shape'])):>17s} {r['dtype']:<24s} {r['data']:<8s} " +
-              "  ".join(f"{k}={v:.1f}us/{r['pct_roofline'][k]:.0f}%" for k, v in
+              "  ".join(f"{k}={v:.1f}us/{H._f(r['pct_roofline'][k], 0)}%" for k, v in
                         {**r['peers_us'], **{'rocjit_' + a: b for a, b in r['rocjit_us'].items()}}.items()),
               flush=True)
         return r
