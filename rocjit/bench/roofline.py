@@ -324,7 +324,8 @@ class Sampler:
 # ----------------------------------------------------------------------------- the GPU side
 def _blockwise_adapter(fn, torch, ops, a_bf16, w_bf16):
     """A zero-argument call of rocjit.ops.gemm_fp8_blockwise (forward NT, 1x128 / 128x128 scales) on these
-    operands (it raises when the op refuses them: the caller notes and skips). The only place that knows that op's signature: keep it tiny."""
+    operands (it raises when the op refuses them: the caller notes and skips). The only place that knows that
+    op's signature: keep it tiny."""
     qa, sa = ops.quantize_fp8(a_bf16, granularity="block")
     qw, sw = ops.quantize_fp8_weight(w_bf16)
     call = lambda: fn(qa, sa, qw, sw, out_dtype=torch.bfloat16)  # noqa: E731
