@@ -136,6 +136,22 @@ def test_sampler_with_fake_nvml():
     assert nv.calls[-1] == "shutdown"
 
 
+def test_sampler_leaves_out_the_settling_samples():
+    class Ramp:
+        def __init__(self):
+            self.t0 = time.perf_counter()
+
+        def read(self):                               # 100 W for the first 20 ms, then 700 W
+            return 1980.0, 100.0 if time.perf_counter() - self.t0 < 0.02 else 700.0
+    with R.Sampler(Ramp(), interval_s=0.001, skip_s=0.03) as s:
+        time.sleep(0.06)
+    assert s.stats()["power_W"]["min"] == 700.0
+    assert min(p for _, _, p in s.samples) == 100.0
+    with R.Sampler(Ramp(), interval_s=0.001, skip_s=10.0) as s:     # none that late: all of them
+        pass
+    assert s.stats()["power_W"]["n"] == len(s.samples)
+
+
 def test_nvml_without_instant_power_falls_back_to_power_usage():
     mon = R.open_monitor(nvml=FakeNvml(instant=False), gpu=(False, None, 2))
     assert mon.read() == (1600.0, 400.0) and "nvmlDeviceGetPowerUsage" in mon.note
@@ -233,7 +249,8 @@ def test_table_has_a_line_per_implementation():
     assert "note: rocjit.ops.gemm_fp8_blockwise" in text
     n_impl = sum(len(x["peers_us"]) + len(x["rocjit_us"]) for x in r["rows"])
     assert len([ln for ln in text.splitlines() if ln.count(" | ") == 10]) == n_impl + 1
-    line = next(ln for ln in text.splitlines() if ln.startswith("o_proj | 1x4096x4096 | bfloat16 | random | rocjit_gemv"))
+    start = "o_proj | 1x4096x4096 | bfloat16 | random | rocjit_gemv"
+    line = next(ln for ln in text.splitlines() if ln.startswith(start))
     assert "| 95.0 |" in line
 
 

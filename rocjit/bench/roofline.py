@@ -16,8 +16,10 @@ The zeros effect: a few large cases rerun with all-random, 50% zeros, 90% zeros 
 alike); on a power-limited GPU the data changes the speed through the clock.
 
 While each case runs, a background thread samples the SM clock and the board power (NVML through nvidia-ml-py,
-or amdsmi on AMD; without either the columns are None and the result carries a note). Every case is held
-busy for a while after its timing so the samples see it run.
+or amdsmi on AMD; without either the columns are None and the result carries a note). After its timing each case
+is held busy (back-to-back launches: 0.5 s, 2 s in the zeros rows; --quick 0.1 / 0.5 s) and the samples of the
+last 60% of that hold make the row's min / mean / max, since the board's power reading lags the load.
+% of roofline can pass 100 on zero-rich data: the matmul ceilings are measured on random data.
 
 Timing: CUDA-graph replays for M <= 256 (launch-bound decode shapes), device events beyond; medians; weights
 rotated beyond L2; random inputs except in the zeros rows. cuBLASLt FP8 with M not a multiple of 16 runs on A
@@ -40,6 +42,7 @@ ZEROS_CASES = (("gate_up_proj", 8192), ("down_proj", 8192), ("o_proj", 16384))
 QUICK_ZEROS_CASES = (("gate_up_proj", 4096),)
 DATA = ("random", "sparse50", "sparse90", "zeros")
 GRAPH_MAX_M = 256
+SETTLE = 0.4            # the part of each case's hold whose clock / power samples are left out
 SKINNY_MAX_M = 32
 
 BF16, FP8, FP8_BLOCK = "bfloat16", "float8_e4m3fn", "float8_e4m3fn_blockwise"
@@ -291,22 +294,27 @@ def open_monitor(*, nvml=None, amdsmi=None, gpu=None):
 
 class Sampler:
     """Samples a monitor's (clock, power) every `interval_s` on a background thread while the `with` block runs;
-    `stats()` gives min / mean / max of each (None where the monitor reads nothing)."""
+    `stats()` gives min / mean / max of each (None where the monitor reads nothing) over the samples taken at
+    least `skip_s` after the start (the board's power reading lags the load; all samples if none is that late)."""
 
-    def __init__(self, monitor, interval_s: float = 0.005):
-        self.monitor, self.interval_s = monitor, interval_s
-        self.samples: list[tuple] = []
+    def __init__(self, monitor, interval_s: float = 0.005, skip_s: float = 0.0):
+        self.monitor, self.interval_s, self.skip_s = monitor, interval_s, skip_s
+        self.samples: list[tuple] = []                 # (seconds since the start, clock, power)
         self._stop = threading.Event()
         self._thread = None
+        self._t0 = 0.0
+
+    def _take(self):
+        self.samples.append((time.perf_counter() - self._t0, *self.monitor.read()))
 
     def _loop(self):
         while True:
-            self.samples.append(self.monitor.read())
+            self._take()
             if self._stop.wait(self.interval_s):
                 break
 
     def __enter__(self):
-        self.samples, self._stop = [], threading.Event()
+        self.samples, self._stop, self._t0 = [], threading.Event(), time.perf_counter()
         self._thread = threading.Thread(target=self._loop, name="rocjit-roofline-sampler", daemon=True)
         self._thread.start()
         return self
@@ -314,11 +322,12 @@ class Sampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.samples.append(self.monitor.read())
+        self._take()
         return False
 
     def stats(self) -> dict:
-        return {"sm_clock_MHz": _stats(c for c, _ in self.samples), "power_W": _stats(p for _, p in self.samples)}
+        late = [s for s in self.samples if s[0] >= self.skip_s] or self.samples
+        return {"sm_clock_MHz": _stats(c for _, c, _ in late), "power_W": _stats(p for _, _, p in late)}
 
 
 # ----------------------------------------------------------------------------- the GPU side
@@ -347,7 +356,7 @@ class _Run:
     def __init__(self, torch, result, monitor, quick):
         import rocjit.ops as ops
         self.torch, self.ops, self.result, self.monitor, self.quick = torch, ops, result, monitor, quick
-        self.hold_s = 0.05 if quick else 0.25
+        self.hold_s = 0.1 if quick else 0.5
         self.reps = 20 if quick else 50
         self.gen = torch.Generator(device="cuda")
         self.gen.manual_seed(0)
@@ -371,12 +380,14 @@ class _Run:
             torch.cuda.synchronize()
 
     def measure(self, fns, M, hold_s=None):
-        """(median µs, clock / power stats) of the rotated callables."""
+        """(median µs, clock / power stats) of the rotated callables: timed first, then held busy for hold_s while
+        the sampler runs; its statistics leave out the first SETTLE of the hold (the readings lag the load)."""
         fns = list(fns)
-        with Sampler(self.monitor) as s:
-            us = H.time_rotating(fns, graph=M <= GRAPH_MAX_M, reps=self.reps if M <= GRAPH_MAX_M else
-                                 max(5, self.reps // 5))
-            self._hold(fns, self.hold_s if hold_s is None else hold_s)
+        us = H.time_rotating(fns, graph=M <= GRAPH_MAX_M, reps=self.reps if M <= GRAPH_MAX_M else
+                             max(5, self.reps // 5))
+        hold = self.hold_s if hold_s is None else hold_s
+        with Sampler(self.monitor, skip_s=SETTLE * hold) as s:
+            self._hold(fns, hold)
         return us, s.stats()
 
     def _scaled_mm_a(self, a8, M):
@@ -473,12 +484,9 @@ def run(argv) -> dict:
     quick = H.quick(argv)
     monitor = open_monitor()
     try:
-        with Sampler(monitor) as s:
-            ceilings = H.measure_ceilings(matmul=True, fp8=True)
-        result = H.new_result("roofline", ceilings)
+        result = H.new_result("roofline", H.measure_ceilings(matmul=True, fp8=True))
         result["notes"] = [n for n in (monitor.note,) if n]
         result["monitor"] = monitor.info()
-        result["ceilings_samples"] = s.stats()
         R = _Run(torch, result, monitor, quick)
         if R.blockwise_note:
             R.note(R.blockwise_note)
