@@ -229,12 +229,13 @@ def gpu_slug(name: str) -> str:
 def _run_suite(suite: str, rest, quick: bool, json_path: str | None) -> dict:
     mod = importlib.import_module(f"rocjit.bench.{suite}")
     result = mod.run(list(rest) + (["--quick"] if quick else []))
-    print(format_table(result))
+    # a suite may bring its own table and plot (roofline does); the shared ones otherwise
+    print(getattr(mod, "format_table", format_table)(result))
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(result, indent=1))
         if suite != "launch" and result["rows"]:
-            plot(result, str(Path(json_path).with_suffix(".png")))
+            getattr(mod, "plot", plot)(result, str(Path(json_path).with_suffix(".png")))
         print(f"wrote {json_path}")
     return result
 
