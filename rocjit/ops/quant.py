@@ -143,15 +143,15 @@ def _weight_op():
     tm = C.torch()
     Tensor = tm.Tensor
 
-    def impl(w: Tensor, fmt: str, transposed: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-        q, s, *t = _weight(UNRECORDED, w, fmt, transposed)
-        return q, s, (t[0] if t else None)
+    def impl(w: Tensor, fmt: str, transposed: bool) -> tuple[Tensor, Tensor, Tensor]:
+        q, s, *t = _weight(UNRECORDED, w, fmt, transposed)      # no transposed copy: an empty third output
+        return q, s, (t[0] if t else w.new_empty((0,), dtype=q.dtype))
 
     def fake(w, fmt, transposed):
         N, K = w.shape
         f8 = C.fp8_torch_dtype(fmt)
         return (w.new_empty(w.shape, dtype=f8), w.new_empty((C.ceil_div(N, BLOCK), C.ceil_div(K, BLOCK)), dtype=tm.float32),
-                w.new_empty((K, N), dtype=f8) if transposed else None)
+                w.new_empty((K, N) if transposed else (0,), dtype=f8))
 
     return impl, fake
 
