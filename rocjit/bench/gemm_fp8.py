@@ -93,7 +93,6 @@ def run(argv) -> dict:
                             peers_tflops={p: flops / v / 1e6 for p, v in peers.items() if v},
                             pct_dense_peak=100 * flops / us / 1e6 / peak if peak else None)
             print(row, flush=True)
-        del x, w, xq, xs, wq, ws, wq_t
         torch.cuda.empty_cache()
 
     _training_step(result, quick, torch)

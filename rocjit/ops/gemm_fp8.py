@@ -97,7 +97,7 @@ def _check(a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
     if Kb != K:
         raise ValueError(f"{NAME}: layout {layout} reads a as {a_form} = {tuple(a.shape)} and b as {b_form} = "
                          f"{tuple(b.shape)}: their K differ ({K} vs {Kb})")
-    KB, MB, NB = C.ceil_div(K, BLOCK), C.ceil_div(M, BLOCK), C.ceil_div(N, BLOCK)
+    KB, NB = C.ceil_div(K, BLOCK), C.ceil_div(N, BLOCK)
     C.check_tensor(NAME, "b", b, device=dev, contiguous=False)
     for nm, s in (("a_scale", a_scale), ("b_scale", b_scale)):
         C.check_tensor(NAME, nm, s, dtypes=(tm.float32,), dim=2, device=dev, contiguous=False)
