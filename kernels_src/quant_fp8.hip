@@ -90,18 +90,27 @@ __launch_bounds__(kBlock) __global__ void amax_kernel(float* partials, const T* 
 //   kRowBlocks: q_row [rows, cols], s_row [rows, ceil(cols/128)]
 //   kColBlocks: q_col [rows, cols], s_col [ceil(rows/128), cols]       (kTileRows == 128)
 //   kTile:      q_row [rows, cols], s_row [ceil(rows/128), ceil(cols/128)] (kTileRows == 128)
-constexpr int kRowBlocks = 1, kColBlocks = 2, kTile = 4;
+//   kTileCol:   with kTile, q_col receives the tile-quantized values too (with kColT: the weight's
+//               transposed copy, whose tile scales are s_row read transposed)
+// kColT stores q_col transposed, [cols, rows], and s_col as [cols, ceil(rows/128)]: the K-major operands
+// of the GEMMs that reduce over rows (wgrad, dgrad) come out of the same launch, staged through shared
+// memory so the transposed rows still leave as 16-byte stores.
+constexpr int kRowBlocks = 1, kColBlocks = 2, kTile = 4, kTileCol = 8;
 constexpr int kQuantBlock = 128;
 constexpr int kLanes = kQuantBlock / kChunk;  // 16 lanes across a block's columns
 constexpr int kSlots = 256 / kLanes;          // 16 rows in flight
 
-template <class T, class F, int kMode, int kTileRows, bool kAligned>
+template <class T, class F, int kMode, int kTileRows, bool kAligned, bool kColT>
 __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row, float* s_row, unsigned char* q_col,
                                                            float* s_col, const T* x, int rows, int cols) {
     static_assert(kTileRows % kSlots == 0, "tile rows: a multiple of 16");
     static_assert(!(kMode & (kColBlocks | kTile)) || kTileRows == kQuantBlock, "column blocks and tiles are 128 rows");
+    static_assert(!(kMode & kTileCol) || (kMode & kTile), "kTileCol goes with kTile");
     constexpr int kSteps = kTileRows / kSlots;
+    constexpr bool kColOut = (kMode & (kColBlocks | kTileCol)) != 0;
+    constexpr int kTPitch = kQuantBlock + 16;   // bytes per staged transposed row (16-byte aligned rows)
     __shared__ float col_partial[kSlots][kQuantBlock + 1];
+    __shared__ __align__(16) unsigned char staged[kColT ? kQuantBlock : 1][kColT ? kTPitch : 16];
     __shared__ float scratch[1024 / kWaveSize];
     const int lane = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
     const int col = blockIdx.x * kQuantBlock + lane * kChunk;
@@ -140,7 +149,10 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
         for (int i = 0; i < kChunk; ++i) {
             const float m = col_partial[0][lane * kChunk + i];
             col_mul[i] = F::max / m;
-            if (slot == 0 && col + i < cols) s_col[(long long)blockIdx.y * cols + col + i] = m / F::max;
+            if (slot == 0 && col + i < cols) {
+                if (kColT) s_col[(long long)(col + i) * gridDim.y + blockIdx.y] = m / F::max;
+                else s_col[(long long)blockIdx.y * cols + col + i] = m / F::max;
+            }
         }
     }
     if constexpr ((kMode & kTile) != 0) {
@@ -172,13 +184,35 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
             float8_to_fp8x8<F>(f, lo, hi);
             if (row < rows && col < cols) store_fp8_chunk<kAligned, true>(q_row + (long long)row * cols, col, cols, lo, hi);
         }
-        if constexpr ((kMode & kColBlocks) != 0) {
+        if constexpr (kColOut) {
             float f[kChunk];
 #pragma unroll
-            for (int i = 0; i < kChunk; ++i) f[i] = v[s][i] * col_mul[i];
+            for (int i = 0; i < kChunk; ++i) f[i] = v[s][i] * ((kMode & kColBlocks) ? col_mul[i] : tile_mul);
             unsigned int lo, hi;
             float8_to_fp8x8<F>(f, lo, hi);
-            if (row < rows && col < cols) store_fp8_chunk<kAligned, true>(q_col + (long long)row * cols, col, cols, lo, hi);
+            if constexpr (kColT) {
+                const int r = slot + s * kSlots;
+#pragma unroll
+                for (int i = 0; i < kChunk; ++i) staged[lane * kChunk + i][r] = ((i < 4 ? lo : hi) >> (8 * (i & 3))) & 0xffu;
+            } else {
+                if (row < rows && col < cols) store_fp8_chunk<kAligned, true>(q_col + (long long)row * cols, col, cols, lo, hi);
+            }
+        }
+    }
+    if constexpr (kColT) {
+        // q_col^T [cols, rows]: 128 staged rows of 128 bytes, 8 chunks of 16 bytes each
+        __syncthreads();
+        const int r0 = blockIdx.y * kQuantBlock;
+        for (int i = threadIdx.x; i < kQuantBlock * 8; i += 256) {
+            const int c = i >> 3, part = (i & 7) * 16;
+            const int oc = blockIdx.x * kQuantBlock + c;
+            if (oc >= cols || r0 + part >= rows) continue;
+            unsigned char* dst = q_col + (long long)oc * rows + r0 + part;
+            if (kAligned && r0 + part + 16 <= rows) {
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&staged[c][part]);
+            } else {
+                for (int t = 0; t < 16 && r0 + part + t < rows; ++t) dst[t] = staged[c][part + t];
+            }
         }
     }
 }
@@ -187,7 +221,9 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
 // rocjit:check quant_rows_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 1, 256, 256, 2, true>
 // rocjit:check quant_rows_kernel<__half, rocjit::e4m3fn, 3, 256, 256, 2, false>
 // rocjit:check amax_kernel<__hip_bfloat16, 512, true>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 32, true>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 2, 128, true>
-// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fn, 4, 128, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 32, true, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 2, 128, true, false>
+// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fn, 4, 128, false, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 12, 128, false, true>

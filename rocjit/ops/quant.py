@@ -6,8 +6,12 @@ s = amax / fp8 max (as in Primus-Turbo / DeepSeek-V3).
     q, s = quantize_fp8(x, granularity="token")            # per row, s [rows, 1]
     q, s = quantize_fp8(x, granularity="block")            # 1 x 128 along the last dim, s [rows, ceil(K/128)]
     q, s = quantize_fp8_weight(w)                          # 128 x 128 tiles, s [ceil(N/128), ceil(K/128)]
+    q, s, q_t = quantize_fp8_weight(w, transposed=True)    # + q_t [K, N] = q^T (same tiles; its scales are s.t())
     q_row, s_row, q_col, s_col = quantize_fp8_dual(x)      # 1x128 and 128x1 from one read of x:
                                                            # s_row [M, ceil(K/128)], s_col [ceil(M/128), K]
+    q_row, s_row, q_colT, s_colT = quantize_fp8_dual(x, transpose_col=True)
+                                                           # column blocks stored transposed: q_colT [K, M],
+                                                           # s_colT [K, ceil(M/128)] (K-major for wgrad)
 x is [..., K] (2-D for the weight and dual forms), float16 or bfloat16, contiguous.
 """
 from typing import Optional
@@ -17,7 +21,7 @@ from rocjit.ops._op import UNRECORDED, op
 
 BLOCK = 128
 _SRC = "quant_fp8.hip"
-_ROW_BLOCKS, _COL_BLOCKS, _TILE = 1, 2, 4
+_ROW_BLOCKS, _COL_BLOCKS, _TILE, _TILE_COL = 1, 2, 4, 8
 
 
 def _kernel(name):
@@ -73,42 +77,48 @@ def _quantize(call, x, scale, mode, fmt):
     return q, s
 
 
-def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K):
-    """Launch quant_blocks_kernel on a contiguous x read as [M, K]."""
+def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False):
+    """Launch quant_blocks_kernel on a contiguous x read as [M, K]; col_t: q_col (and s_col) stored transposed."""
     dev = x.device.index or 0
     dummy = call.const(C.dummy_f32(dev))
     tile_rows = BLOCK if kmode & (_COL_BLOCKS | _TILE) else (16 if M <= 2048 else 64)
     outs = [t for t in (q_row, q_col) if t is not None]
     is_aligned = K % 8 == 0 and C.aligned(x) and C.aligned(*outs, to=8)
+    if col_t:                   # the transposed rows (length M) leave as 16-byte stores
+        is_aligned = is_aligned and M % 16 == 0 and C.aligned(q_col)
     name = (f"quant_blocks_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {kmode}, {tile_rows}, "
-            f"{C.cbool(is_aligned)}>")
+            f"{C.cbool(is_aligned)}, {C.cbool(col_t)}>")
     grid = (C.ceil_div(K, BLOCK), C.ceil_div(M, tile_rows))
     call.launch(_kernel(name), grid, 256, q_row if q_row is not None else q_col,
                 s_row if s_row is not None else dummy, q_col if q_col is not None else q_row,
                 s_col if s_col is not None else dummy, x, M, K)
 
 
-def _weight(call, w, fmt):
+def _weight(call, w, fmt, transposed=False):
     tm = C.torch()
     N, K = w.shape
     q = call.empty(w.shape, C.fp8_torch_dtype(fmt), w.device)
     s = call.empty((C.ceil_div(N, BLOCK), C.ceil_div(K, BLOCK)), tm.float32, w.device)
+    q_t = call.empty((K, N), C.fp8_torch_dtype(fmt), w.device) if transposed else None
     if N and K:
-        _blocks(call, w, q, s, None, None, _TILE, fmt, N, K)
-    return q, s
+        _blocks(call, w, q, s, q_t, None, _TILE | (_TILE_COL if transposed else 0), fmt, N, K, col_t=transposed)
+    return (q, s, q_t) if transposed else (q, s)
 
 
-def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED):
-    """kmode selects row blocks, column blocks or both (the benchmark's separate launches use one each)."""
+def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_col=False):
+    """kmode selects row blocks, column blocks or both (the benchmark's separate launches use one each);
+    transpose_col stores the column-block output transposed: q_col [K, M], s_col [K, ceil(M/128)]."""
     tm = C.torch()
     M, K = x.shape
     f8 = C.fp8_torch_dtype(fmt)
     q_row = call.empty(x.shape, f8, x.device) if kmode & _ROW_BLOCKS else None
     s_row = call.empty((M, C.ceil_div(K, BLOCK)), tm.float32, x.device) if kmode & _ROW_BLOCKS else None
-    q_col = call.empty(x.shape, f8, x.device) if kmode & _COL_BLOCKS else None
-    s_col = call.empty((C.ceil_div(M, BLOCK), K), tm.float32, x.device) if kmode & _COL_BLOCKS else None
+    col = kmode & _COL_BLOCKS
+    q_col = call.empty((K, M) if transpose_col else x.shape, f8, x.device) if col else None
+    s_col = call.empty((K, C.ceil_div(M, BLOCK)) if transpose_col else (C.ceil_div(M, BLOCK), K), tm.float32,
+                       x.device) if col else None
     if M and K:
-        _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K)
+        _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=transpose_col and bool(col))
     return q_row, s_row, q_col, s_col
 
 
@@ -133,13 +143,15 @@ def _weight_op():
     tm = C.torch()
     Tensor = tm.Tensor
 
-    def impl(w: Tensor, fmt: str) -> tuple[Tensor, Tensor]:
-        return _weight(UNRECORDED, w, fmt)
+    def impl(w: Tensor, fmt: str, transposed: bool) -> tuple[Tensor, Tensor, Tensor]:
+        q, s, *t = _weight(UNRECORDED, w, fmt, transposed)      # no transposed copy: an empty third output
+        return q, s, (t[0] if t else w.new_empty((0,), dtype=q.dtype))
 
-    def fake(w, fmt):
+    def fake(w, fmt, transposed):
         N, K = w.shape
-        return (w.new_empty(w.shape, dtype=C.fp8_torch_dtype(fmt)),
-                w.new_empty((C.ceil_div(N, BLOCK), C.ceil_div(K, BLOCK)), dtype=tm.float32))
+        f8 = C.fp8_torch_dtype(fmt)
+        return (w.new_empty(w.shape, dtype=f8), w.new_empty((C.ceil_div(N, BLOCK), C.ceil_div(K, BLOCK)), dtype=tm.float32),
+                w.new_empty((K, N) if transposed else (0,), dtype=f8))
 
     return impl, fake
 
@@ -148,14 +160,16 @@ def _dual_op():
     tm = C.torch()
     Tensor = tm.Tensor
 
-    def impl(x: Tensor, fmt: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return _dual(x, fmt)
+    def impl(x: Tensor, fmt: str, transpose_col: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return _dual(x, fmt, transpose_col=transpose_col)
 
-    def fake(x, fmt):
+    def fake(x, fmt, transpose_col):
         M, K = x.shape
         f8 = C.fp8_torch_dtype(fmt)
+        kt = (K, M) if transpose_col else (M, K)
+        st = (K, C.ceil_div(M, BLOCK)) if transpose_col else (C.ceil_div(M, BLOCK), K)
         return (x.new_empty(x.shape, dtype=f8), x.new_empty((M, C.ceil_div(K, BLOCK)), dtype=tm.float32),
-                x.new_empty(x.shape, dtype=f8), x.new_empty((C.ceil_div(M, BLOCK), K), dtype=tm.float32))
+                x.new_empty(kt, dtype=f8), x.new_empty(st, dtype=tm.float32))
 
     return impl, fake
 
@@ -187,19 +201,25 @@ def quantize_fp8(call, x, *, scale=None, granularity="tensor", block=BLOCK, fp8_
     return call.done(C.convert_outputs((q, s), fw))
 
 
-@op(roles="TOO", sources=(_SRC,), bench="quant", custom_op=_weight_op)
-def quantize_fp8_weight(call, w, *, block=BLOCK, fp8_format=None):
-    """w [N, K] -> (q, s) with 128 x 128 tile scales s [ceil(N/128), ceil(K/128)]."""
+@op(roles="TOOO", sources=(_SRC,), bench="quant", custom_op=_weight_op)
+def quantize_fp8_weight(call, w, *, block=BLOCK, fp8_format=None, transposed=False):
+    """w [N, K] -> (q, s) with 128 x 128 tile scales s [ceil(N/128), ceil(K/128)]; transposed=True also returns
+    q_t [K, N] = q^T from the same launch (the K-major weight of dgrad; its tile scales are s.t())."""
     wt, fw, fmt = _prepare("quantize_fp8_weight", w, fp8_format, block, two_d=True)
+    transposed = bool(transposed)
     if C.compiling():
-        return C.convert_outputs(tuple(quantize_fp8_weight.__rocjit_op__.torch_op()(wt, fmt)), fw)
-    return call.done(C.convert_outputs(_weight(call, wt, fmt), fw))
+        res = tuple(quantize_fp8_weight.__rocjit_op__.torch_op()(wt, fmt, transposed))
+        return C.convert_outputs(res if transposed else res[:2], fw)
+    return call.done(C.convert_outputs(_weight(call, wt, fmt, transposed), fw))
 
 
-@op(roles="TOO", sources=(_SRC,), bench="quant", custom_op=_dual_op)
-def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None):
-    """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read."""
+@op(roles="TOOO", sources=(_SRC,), bench="quant", custom_op=_dual_op)
+def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=False):
+    """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read.
+    transpose_col=True stores the column-block output transposed, q_col [K, M] and s_col [K, ceil(M/128)]:
+    the K-major operand (with its 1 x 128 scales along M) of a GEMM that reduces over M (wgrad)."""
     xt, fw, fmt = _prepare("quantize_fp8_dual", x, fp8_format, block, two_d=True)
+    transpose_col = bool(transpose_col)
     if C.compiling():
-        return C.convert_outputs(tuple(quantize_fp8_dual.__rocjit_op__.torch_op()(xt, fmt)), fw)
-    return call.done(C.convert_outputs(_dual(xt, fmt, call=call), fw))
+        return C.convert_outputs(tuple(quantize_fp8_dual.__rocjit_op__.torch_op()(xt, fmt, transpose_col)), fw)
+    return call.done(C.convert_outputs(_dual(xt, fmt, call=call, transpose_col=transpose_col), fw))

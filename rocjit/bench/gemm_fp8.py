@@ -1,0 +1,124 @@
+"""Blockwise-scaled FP8 GEMM (1 x 128 activation scales, 128 x 128 weight scales): rocjit.ops.gemm_fp8_blockwise
+per layout (NT forward, NN dgrad, TN wgrad) vs cuBLASLt blockwise (torch.nn.functional.scaled_mm with
+ScalingType.BlockWise1x128 / BlockWise128x128; reported absent where this torch lacks it) and bf16 torch.matmul,
+in one run. TFLOP/s and % of the dense FP8 peak (tensorwise torch._scaled_mm at 8192^3, measured in the same run).
+cuBLASLt computes the blockwise product only with K-major operands, so its one timing is the peer of every layout
+of a shape (each of our layouts gets its operands K-major from the quantizers, as the FP8 Linear does).
+Plus the training-step row: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear vs
+bf16 torch.nn.Linear. Shapes <= 256 rows are timed as CUDA-graph replays, larger ones with events."""
+
+from rocjit.bench import harness as H
+
+SQUARE = (4096, 8192)
+DEEPSEEK = ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168), (7168, 2048))   # (N, K) at M = 4096
+DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128)
+DECODE_NK = ((7168, 16384), (2112, 7168))
+
+
+def _operands(M, N, K, torch, Q):
+    """Quantized operands of every layout from bf16 random data: (xq, xs, wq, ws, wq_t, gq_t, gs_t, xq_t, xs_t)."""
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05
+    xq, xs, _, _ = Q.quantize_fp8_dual(x)
+    wq, ws, wq_t = Q.quantize_fp8_weight(w, transposed=True)
+    return x, w, xq, xs, wq, ws, wq_t
+
+
+def _cublaslt(torch):
+    F = torch.nn.functional
+    if not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
+        return None
+    ST = F.ScalingType
+
+    def run(xq, xs_cm, wq, ws_t):
+        return F.scaled_mm(xq, wq.t(), xs_cm, ST.BlockWise1x128, ws_t, ST.BlockWise128x128,
+                           output_dtype=torch.bfloat16)
+    return run
+
+
+def _time(fn, M, torch):
+    if M <= 256:
+        return H.time_rotating([fn], graph=True)
+    return H.time_events(fn, warmup=5, reps=30)
+
+
+def run(argv) -> dict:
+    import torch
+    from rocjit.ops import quant as Q
+    from rocjit.ops.gemm_fp8 import gemm_fp8_blockwise
+    quick = H.quick(argv)
+    ceil = H.measure_ceilings(matmul=True, fp8=True)
+    result = H.new_result("gemm_fp8", ceil)
+    peak = ceil.get("fp8_matmul_TFLOPs")
+    result["ceilings"]["torch_version"] = torch.__version__
+    lt = _cublaslt(torch)
+    result["ceilings"]["cublaslt_blockwise"] = "present" if lt else f"absent (torch {torch.__version__})"
+
+    cases = [(m, m, m) for m in (SQUARE[:1] if quick else SQUARE)]
+    cases += [(4096, n, k) for n, k in (DEEPSEEK[:2] if quick else DEEPSEEK)]
+    decode = [(m, n, k) for n, k in (DECODE_NK[:1] if quick else DECODE_NK) for m in ((1, 32, 128) if quick else DECODE_M)]
+    for M, N, K in cases + decode:
+        x, w, xq, xs, wq, ws, wq_t = _operands(M, N, K, torch, Q)
+        flops = 2.0 * M * N * K
+        peers = {}
+        if lt is not None:
+            try:
+                xs_cm = xs.t().contiguous().t()             # (M, K/128) with strides (1, M)
+                ws_t = ws.t()                              # (K/128, N/128) for B given as (K, N)
+                got = lt(xq, xs_cm, wq, ws_t)
+                ref = gemm_fp8_blockwise(xq, xs, wq, ws)
+                if torch.allclose(got.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().max().item()):
+                    peers["cublaslt_blockwise"] = _time(lambda: lt(xq, xs_cm, wq, ws_t), M, torch)
+                else:
+                    result.setdefault("notes", []).append(f"cuBLASLt blockwise disagrees at {M}x{N}x{K}: not timed")
+            except Exception as e:     # shapes this cuBLASLt refuses (e.g. M not a multiple of 16 on some builds)
+                result.setdefault("notes", []).append(f"cuBLASLt blockwise {M}x{N}x{K}: {type(e).__name__}: {e}"[:200])
+        wt = w.t().contiguous().t()
+        peers["torch_matmul_bf16"] = _time(lambda: torch.matmul(x, wt.t()), M, torch)
+        layouts = {"NT": lambda: gemm_fp8_blockwise(xq, xs, wq, ws)}
+        if M >= 128:    # the backward layouts of training shapes (decode has no backward)
+            # dgrad NN: C[M, N] = G[M, K] . B[K, N], B = W^T as a view of K-major memory
+            layouts["NN"] = lambda: gemm_fp8_blockwise(xq, xs, wq.t(), ws.t(), layout="NN")
+            # wgrad TN: C[M, N] = A[K, M]^T . B[K, N] with 1 x 128 scales along K on both sides
+            a_t = xq.t()
+            b_t = wq.t()
+            sb_rows = torch.rand(N, -(-K // 128), device="cuda") + 0.5
+            layouts["TN"] = lambda: gemm_fp8_blockwise(a_t, xs.t(), b_t, sb_rows.t(), layout="TN")
+        for lay, fn in layouts.items():
+            fn()
+            us = _time(fn, M, torch)
+            row = H.add_row(result, f"gemm_fp8_blockwise_{lay}", (M, N, K), "e4m3-bf16", us, peers,
+                            flops / (peak * 1e12) * 1e6 if peak else None, timing="graph" if M <= 256 else "events",
+                            tflops=flops / us / 1e6,
+                            peers_tflops={p: flops / v / 1e6 for p, v in peers.items() if v},
+                            pct_dense_peak=100 * flops / us / 1e6 / peak if peak else None)
+            print(row, flush=True)
+        torch.cuda.empty_cache()
+
+    _training_step(result, quick, torch)
+    return result
+
+
+def _training_step(result, quick, torch):
+    """forward + backward of Linear(D, F) -> GELU -> Linear(F, D) on T tokens: FP8Linear vs nn.Linear (bf16)."""
+    from rocjit.nn import FP8Linear
+    T, D, F = (4096, 2048, 8192) if quick else (8192, 4096, 14336)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(D, F, bias=False), torch.nn.GELU(),
+                              torch.nn.Linear(F, D, bias=False)).cuda().to(torch.bfloat16)
+    fp8 = torch.nn.Sequential(FP8Linear.from_linear(ref[0]), torch.nn.GELU(), FP8Linear.from_linear(ref[2]))
+    x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gy = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
+
+    def step(model):
+        def f():
+            y = model(x)
+            y.backward(gy)
+        return f
+
+    times = {name: H.time_events(step(m), warmup=3, reps=10) for name, m in (("fp8", fp8), ("bf16", ref))}
+    flops = 3 * 2 * 2.0 * T * D * F
+    row = H.add_row(result, "mlp_train_step", (T, D, F), "fp8-blockwise vs bf16", times["fp8"],
+                    {"torch_linear_bf16": times["bf16"]}, None, timing="events", tflops=flops / times["fp8"] / 1e6,
+                    peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6})
+    print(row, flush=True)

@@ -1,0 +1,271 @@
+"""Blockwise-scaled FP8 GEMM for training (kernels_src/gemm_fp8_blockwise.hip): the DeepSeek-V3 recipe with
+1 x 128 scales on the activation / gradient side and 128 x 128 scales on the weight side.
+
+    c = gemm_fp8_blockwise(a, a_scale, b, b_scale)                    # NT (forward): a [M, K], b [N, K]
+    c = gemm_fp8_blockwise(g, g_scale, w, w_scale, layout="NN")       # NN (dgrad):   a [M, K], b [K, N]
+    c = gemm_fp8_blockwise(gt, gt_scale, x, x_scale, layout="TN")     # TN (wgrad):   a [K, M], b [K, N]
+
+C[M, N] = sum over 128-wide K blocks kb of (A_kb . B_kb) * a_scale(m, kb) * b_scale(n, kb); scales are fp32
+dequantization multipliers (x ~= q * s, as rocjit's quantizers return them).
+- a_scale: one per row of op(A) and K block: [M, ceil(K/128)] for layout N..., [ceil(K/128), M] for T...
+- b_scale: one per 128 x 128 tile of B: [ceil(N/128), ceil(K/128)] for ...T, [ceil(K/128), ceil(N/128)] for ...N;
+  or one per row of op(B) and K block (B is an activation, as in wgrad): [N, ceil(K/128)] / [ceil(K/128), N].
+  Scales may have any strides (cuBLASLt's column-major (M, K/128) layout and transposed views work as they are).
+- out_dtype bfloat16 (default), float16 or float32; trans_c=True returns C^T [N, M], written by the kernel's
+  transposed-store epilogue (coalesced along C^T's rows); out= writes in place.
+
+Decisions:
+- The kernel reads K-major operands (each row of op(A) and each column of op(B) contiguous along K). The layout
+  names what the arrays mean; their memory decides the cost: an operand whose memory is K-major (e.g. the
+  quantizers' transposed outputs, passed as `.t()` views) is used in place, any other one is first copied
+  K-major (one pass over it, no scale change). rocjit's FP8 Linear gets every operand K-major from the
+  quantizers (quantize_fp8_dual(transpose_col=True), quantize_fp8_weight(transposed=True)), so its forward
+  (NT), dgrad (NN) and wgrad (TN) never copy.
+- Any M, N, K >= 1. K % 128 != 0 is handled (the last K block is zero-filled; EVEN_K specialises K % 128 == 0);
+  K % 16 != 0 (rows not 16-byte aligned) is handled by copying the operands into zero-padded K-major buffers.
+- NVIDIA sm_89+ (mma.sync m16n8k32 e4m3, cp.async ring) and AMD gfx942 / gfx950 (MFMA 16x16x32 fp8) run the
+  same source; the operands must be the device's FP8 format (e4m3fn; e4m3fnuz on gfx942).
+- Tile configs are tuned per (M, N, K) bucket and persisted by rocjit.tune (shipped defaults in
+  tune_defaults.json; ROCJIT_AUTOTUNE=0 uses them or the built-in heuristic).
+"""
+import functools
+
+from rocjit import tune
+from rocjit.ops import _common as C
+from rocjit.ops import _gemm as G
+from rocjit.ops._op import UNRECORDED, op
+
+SRC = "gemm_fp8_blockwise.hip"
+BLOCK = 128
+LAYOUTS = ("NT", "NN", "TN")
+NAME = "gemm_fp8_blockwise"
+
+# (BM, BN, WM, WN): block tile and warps; NVIDIA rings 4 stages (3 for the largest tile when shared memory is
+# short), AMD 2 (its copies are synchronous, and gfx942 has 64 KB of LDS).
+_TILES = ((128, 128, 2, 4), (128, 64, 4, 2), (64, 128, 2, 2), (64, 64, 2, 2))
+
+
+def _stage_bytes(bm: int, bn: int) -> int:
+    return (bm + bn) * BLOCK + (bm + bn) * 4
+
+
+def smem_bytes(cfg: dict) -> int:
+    return max(cfg["stages"] * _stage_bytes(cfg["bm"], cfg["bn"]), cfg["bm"] * (cfg["bn"] + 1) * 4)
+
+
+def candidates(target: str, smem_limit: int) -> list[dict]:
+    nvidia = target.startswith("sm_")
+    out = []
+    for bm, bn, wm, wn in _TILES:
+        for stages in ((4, 3) if nvidia else (2,)):
+            cfg = {"bm": bm, "bn": bn, "wm": wm, "wn": wn, "stages": stages}
+            if smem_bytes(cfg) <= smem_limit:
+                out.append(cfg)
+                break
+    return out
+
+
+def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
+    """Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64."""
+    def pick(bm, bn):
+        return next((c for c in cands if c["bm"] == bm and c["bn"] == bn), cands[-1])
+    tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
+    if M <= 64:
+        return pick(64, 64) if tiles(64, 128) < sms else pick(64, 128)
+    return pick(128, 128) if tiles(128, 128) >= sms else pick(128, 64)
+
+
+# ----------------------------------------------------------------------------- checks
+def _fp8_dtypes():
+    tm = C.torch()
+    return tuple(d for d in (getattr(tm, "float8_e4m3fn", None), getattr(tm, "float8_e4m3fnuz", None)) if d)
+
+
+def _check(a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
+    tm = C.torch()
+    if layout not in LAYOUTS:
+        raise ValueError(f"{NAME}: layout must be one of {LAYOUTS} (NT forward, NN dgrad, TN wgrad), got {layout!r}")
+    for nm, t in (("a", a), ("b", b)):
+        C.check_tensor(NAME, nm, t, dtypes=_fp8_dtypes(), dim=2, contiguous=False)
+    if a.dtype != b.dtype:
+        raise TypeError(f"{NAME}: a and b must share an FP8 dtype, got {a.dtype} and {b.dtype}")
+    dev = a.device
+    M, K = (a.shape[0], a.shape[1]) if layout[0] == "N" else (a.shape[1], a.shape[0])
+    Kb, N = (b.shape[1], b.shape[0]) if layout[1] == "T" else (b.shape[0], b.shape[1])
+    a_form = "[M, K]" if layout[0] == "N" else "[K, M]"
+    b_form = "[N, K]" if layout[1] == "T" else "[K, N]"
+    if Kb != K:
+        raise ValueError(f"{NAME}: layout {layout} reads a as {a_form} = {tuple(a.shape)} and b as {b_form} = "
+                         f"{tuple(b.shape)}: their K differ ({K} vs {Kb})")
+    KB, NB = C.ceil_div(K, BLOCK), C.ceil_div(N, BLOCK)
+    C.check_tensor(NAME, "b", b, device=dev, contiguous=False)
+    for nm, s in (("a_scale", a_scale), ("b_scale", b_scale)):
+        C.check_tensor(NAME, nm, s, dtypes=(tm.float32,), dim=2, device=dev, contiguous=False)
+    want_a = (M, KB) if layout[0] == "N" else (KB, M)
+    if tuple(a_scale.shape) != want_a:
+        raise ValueError(f"{NAME}: a_scale must have shape {want_a} (one scale per row of op(A) and 128-wide K "
+                         f"block, laid out like a {a_form}), got {tuple(a_scale.shape)}")
+    tiles, rows = ((NB, KB), (N, KB)) if layout[1] == "T" else ((KB, NB), (KB, N))
+    if tuple(b_scale.shape) == tiles:
+        sb_rows = False
+    elif tuple(b_scale.shape) == rows:
+        sb_rows = True
+    else:
+        raise ValueError(f"{NAME}: b_scale must have shape {tiles} (one per 128 x 128 tile of b) or {rows} (one per "
+                         f"row of op(B) and 128-wide K block), got {tuple(b_scale.shape)}")
+    od = out_dtype if out_dtype is not None else tm.bfloat16
+    if od not in (tm.bfloat16, tm.float16, tm.float32):
+        raise TypeError(f"{NAME}: out_dtype must be bfloat16, float16 or float32, got {od}")
+    shape = (N, M) if trans_c else (M, N)
+    if out is not None:
+        if not isinstance(out, tm.Tensor) or tuple(out.shape) != shape or out.dtype != od or out.device != dev \
+                or not out.is_contiguous():
+            raise ValueError(f"{NAME}: out must be a contiguous {od} tensor of shape {shape} on {dev}, got "
+                             f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    return M, N, K, sb_rows, od, shape
+
+
+def _device_check(a):
+    if not a.is_cuda:
+        raise ValueError(f"{NAME}: a must be on a GPU, got {a.device}")
+    target, _, _ = G._device(a.device.index or 0)
+    if not G.has_matrix_path(target, fp8=True) or target.startswith("gfx90a"):
+        raise NotImplementedError(f"{NAME}: needs FP8 matrix cores (NVIDIA sm_89+, AMD gfx942 / gfx950); this "
+                                  f"device is {target}")
+    native = C.native_fp8(a.device.index or 0)
+    if str(a.dtype).replace("torch.float8_", "") != native:
+        raise TypeError(f"{NAME}: this device multiplies {native} FP8; a and b are {a.dtype} "
+                        f"(quantize with rocjit.ops.quantize_fp8(..., fp8_format={native!r}))")
+    return target
+
+
+# ----------------------------------------------------------------------------- operands
+def _kmajor(x, K):
+    """A contiguous [R, K'] uint8 view/copy of the logical [R, K] operand x, K' >= K a multiple of 16 (zero
+    padded), and whether it is x's own memory."""
+    tm = C.torch()
+    u = x.view(tm.uint8)
+    if u.is_contiguous() and K % 16 == 0 and C.aligned(u):
+        return u, True
+    K16 = -(-K // 16) * 16
+    buf = tm.empty((u.shape[0], K16), dtype=tm.uint8, device=u.device)
+    if K16 > K:
+        buf[:, K:].zero_()
+    buf[:, :K].copy_(u)
+    return buf, False
+
+
+def _strided(s):
+    """(contiguous tensor holding s's memory, stride of dim 0, stride of dim 1 of s)."""
+    if s.is_contiguous():
+        return s, s.stride(0), s.stride(1)
+    if s.t().is_contiguous():
+        return s.t(), s.stride(0), s.stride(1)
+    c = s.contiguous()
+    return c, c.stride(0), c.stride(1)
+
+
+def _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, call=UNRECORDED):
+    """One kernel launch: a_km [M, K'] / b_km [N, K'] uint8 K-major, sa / sb (tensor, stride, stride)."""
+    vec_out = (M if trans_c else N) % 8 == 0 and C.aligned(c)
+    name = (f"gemm_fp8_blockwise_kernel<{G.ctype(c.dtype)}, {cfg['bm']}, {cfg['bn']}, {cfg['wm']}, {cfg['wn']}, "
+            f"{cfg['stages']}, {C.cbool(K % BLOCK == 0)}, {C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}>")
+    kernel = C.module(SRC)[name]
+    target = G._device(c.device.index or 0)[0]
+    from rocjit import targets
+    threads = cfg["wm"] * cfg["wn"] * targets.wave_size(target)
+    grid = C.ceil_div(M, cfg["bm"]) * C.ceil_div(N, cfg["bn"])
+    call.launch(kernel, grid, threads, c, a_km, b_km, sa[0], sb[0], M, N, K, a_km.stride(0), b_km.stride(0),
+                c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem_bytes(cfg))
+    return c
+
+
+@functools.lru_cache(maxsize=1)
+def src_hash() -> str:
+    from rocjit.compiler import kernels_src_dir
+    return tune.source_hash(kernels_src_dir() / SRC, kernels_src_dir() / "rocjit" / "mma_fp8.h")
+
+
+def _smem_limit(dev: int) -> int:
+    from rocjit import platform
+    attrs = platform.get().device_attributes(dev)
+    return int(attrs.get("max_shared_per_block_optin") or attrs.get("max_shared_memory_per_block_optin")
+               or attrs.get("shared_per_block_optin") or 227 * 1024)
+
+
+def config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target):
+    dev = c.device.index or 0
+    _, devname, sms = G._device(dev)
+    cands = candidates(target, _smem_limit(dev))
+    default = default_config(M, N, sms, cands)
+
+    def bench(cfg):
+        return tune.time_gpu(lambda: _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c), warmup=2, reps=10)
+
+    return tune.pick(NAME, bucket=tune.bucket(m=M, n=N, k=K), dtype=f"{a_km.dtype}-{G.ctype(c.dtype)}".replace(
+        "torch.", ""), device=devname, src_hash=src_hash(), candidates=cands, default=default, bench=bench)
+
+
+def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
+    M, N, K, sb_rows, od, shape = _check(a, a_scale, b, b_scale, layout, out_dtype, out, trans_c)
+    target = _device_check(a)
+    if out is None:
+        out = call.empty(shape, od, a.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        call.forget()
+        return out.zero_()
+    a_km, own_a = _kmajor(a if layout[0] == "N" else a.t(), K)
+    b_km, own_b = _kmajor(b if layout[1] == "T" else b.t(), K)
+    if not (own_a and own_b) or layout != "NT":
+        call.forget()       # copies or views: nothing a plan can name (a replay would need their layout again)
+    # the logical (row, k-block) views of the scales
+    sa = _strided(a_scale if layout[0] == "N" else a_scale.t())
+    sb = _strided(b_scale if layout[1] == "T" else b_scale.t())
+    if sa[0] is not a_scale or sb[0] is not b_scale:
+        call.forget()
+    cfg = config_for(out, a_km, b_km, sa, sb, M, N, K, sb_rows, bool(trans_c), target)
+    # the launch reads a and b through their uint8 views; record the op's own tensors where they are the memory
+    if own_a and a_km.data_ptr() == a.data_ptr() and layout[0] == "N":
+        a_km_arg = a
+    else:
+        a_km_arg = a_km
+    b_km_arg = b if own_b and layout[1] == "T" else b_km
+    return _launch(cfg, out, a_km_arg, b_km_arg, sa, sb, M, N, K, sb_rows, bool(trans_c), call)
+
+
+def _custom_op():
+    tm = C.torch()
+    Tensor = tm.Tensor
+
+    def impl(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, layout: str, out_dtype: str,
+             trans_c: bool) -> Tensor:
+        return _run(UNRECORDED, a, a_scale, b, b_scale, layout, getattr(tm, out_dtype), None, trans_c)
+
+    def fake(a, a_scale, b, b_scale, layout, out_dtype, trans_c):
+        M = a.shape[0] if layout[0] == "N" else a.shape[1]
+        N = b.shape[0] if layout[1] == "T" else b.shape[1]
+        return a.new_empty((N, M) if trans_c else (M, N), dtype=getattr(tm, out_dtype))
+
+    return impl, fake
+
+
+@op(roles="TTTTOOTO", sources=(SRC,), bench="gemm_fp8", custom_op=_custom_op)
+def gemm_fp8_blockwise(call, a, a_scale, b, b_scale, *, layout="NT", out_dtype=None, out=None, trans_c=False):
+    """Blockwise-scaled FP8 GEMM C = op(A) op(B) with 1 x 128 scales on A and 128 x 128 (or 1 x 128 per row) scales
+    on B: layout "NT" (a [M, K], b [N, K]; forward), "NN" (a [M, K], b [K, N]; dgrad), "TN" (a [K, M], b [K, N];
+    wgrad). Returns C [M, N] (C^T [N, M] with trans_c=True) in out_dtype (bfloat16 default, float16, float32).
+    See rocjit.ops.gemm_fp8 for the scale shapes and the layout / tail decisions."""
+    at, fw = C.to_torch(a, "a", NAME)
+    bt = C.to_torch(b, "b", NAME)[0]
+    sat = C.to_torch(a_scale, "a_scale", NAME)[0]
+    sbt = C.to_torch(b_scale, "b_scale", NAME)[0]
+    ot = C.to_torch(out, "out", NAME)[0] if out is not None else None
+    if C.compiling():
+        od = _check(at, sat, bt, sbt, layout, out_dtype, ot, trans_c)[4]
+        y = C.into_out(gemm_fp8_blockwise.__rocjit_op__.torch_op()(at, sat, bt, sbt, layout,
+                                                                   str(od).replace("torch.", ""), bool(trans_c)), ot)
+    else:
+        y = _run(call, at, sat, bt, sbt, layout, out_dtype, ot, trans_c)
+    return call.done(C.to_caller(y, out, fw))

@@ -1,0 +1,190 @@
+"""Blockwise FP8 GEMM, its quantizer outputs and the FP8 Linear on the GPU, against float64 references computed
+from the dequantized operands (random data, poisoned outputs, shapes that are not multiples of the tiles)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("no GPU", allow_module_level=True)
+
+from rocjit import ops  # noqa: E402
+from rocjit.ops import _common as C  # noqa: E402
+from rocjit.ops import gemm_fp8 as G  # noqa: E402
+
+FMT = C.native_fp8(0)
+F8 = C.fp8_torch_dtype(FMT)
+
+
+@pytest.fixture(autouse=True)
+def _shipped_configs(monkeypatch):
+    monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")       # tests check results, not tuning (tested in test_tune)
+
+
+def _deq_rows(q, s):
+    """q [R, K] with scales s [R, ceil(K/128)] (1 x 128 along K) -> float64."""
+    return q.double() * s.double().repeat_interleave(128, 1)[:, :q.shape[1]]
+
+
+def _deq_tiles(q, s):
+    return q.double() * s.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:q.shape[0], :q.shape[1]]
+
+
+def _operands(M, N, K, sb_rows, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16() * 3
+    w = torch.randn(N, K, device="cuda", generator=g).bfloat16() * 0.1
+    # non-uniform blocks so every scale matters
+    x *= torch.rand(M, 1, device="cuda", generator=g).bfloat16() * 4 + 0.25
+    w *= torch.rand(1, K, device="cuda", generator=g).bfloat16() * 4 + 0.25
+    xq, xs = ops.quantize_fp8(x, granularity="block")
+    if sb_rows:
+        wq, ws = ops.quantize_fp8(w, granularity="block")
+        ref_w = _deq_rows(wq, ws)
+    else:
+        wq, ws = ops.quantize_fp8_weight(w)
+        ref_w = _deq_tiles(wq, ws)
+    return xq, xs, wq, ws, _deq_rows(xq, xs) @ ref_w.t()
+
+
+def _layout_args(layout, xq, xs, wq, ws):
+    """The same product in each layout; T / N operands given as views of K-major memory or as real
+    (row-major) copies, so both the in-place and the copying paths run."""
+    if layout == "NT":
+        return xq, xs, wq, ws
+    if layout == "NN":
+        return xq, xs, wq.t().contiguous(), ws.t().contiguous()          # b [K, N] row-major: copied K-major
+    return xq.t(), xs.t(), wq.t(), ws.t()                                 # views of K-major memory: in place
+
+
+def _close(got, ref, od):
+    got = got.double()
+    assert torch.isfinite(got).all()
+    tol = (1.5e-2 if od == torch.bfloat16 else 2e-3) * ref.abs() + 2e-3 * ref.abs().max()
+    bad = (got - ref).abs() > tol
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} wrong, worst {(got - ref).abs().max().item():.4g}"
+
+
+CASES = [  # M, N, K: EVEN_K; K tail (K % 128 != 0, K % 16 == 0); K % 16 != 0 (padded copy); decode rows
+    (200, 136, 384), (77, 300, 208), (130, 72, 200), (1, 264, 256), (320, 520, 1024)]
+
+
+@pytest.mark.parametrize("M, N, K", CASES)
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+def test_layouts_against_float64(M, N, K, layout):
+    sb_rows = layout == "TN"                # wgrad: B is an activation with 1 x 128 scales
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + N + K)
+    a, sa, b, sb = _layout_args(layout, xq, xs, wq, ws)
+    od = torch.float32 if layout == "NN" else torch.bfloat16
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=od)
+    got = ops.gemm_fp8_blockwise(a, sa, b, sb, layout=layout, out_dtype=od, out=out)
+    assert got is out
+    _close(out, ref, od)
+
+
+@pytest.mark.parametrize("od", [torch.bfloat16, torch.float32])
+def test_transposed_store_epilogue(od):
+    xq, xs, wq, ws, ref = _operands(100, 150, 256, False, seed=3)
+    out = torch.full((150, 100), float("nan"), device="cuda", dtype=od)
+    ops.gemm_fp8_blockwise(xq, xs, wq, ws, out_dtype=od, trans_c=True, out=out)
+    _close(out, ref.t(), od)
+    _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws, out_dtype=od, trans_c=True), ref.t(), od)
+
+
+def test_every_tile_config_with_tails():
+    M, N, K = 150, 200, 336
+    xq, xs, wq, ws, ref = _operands(M, N, K, False, seed=5)
+    target = G._device_check(xq)
+    sa, sb = G._strided(xs), G._strided(ws)
+    cands = G.candidates(target, G._smem_limit(0))
+    assert len(cands) == 4
+    for cfg in cands:
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        G._launch(cfg, out, xq.view(torch.uint8), wq.view(torch.uint8), sa, sb, M, N, K, False, False)
+        _close(out, ref, torch.bfloat16)
+
+
+def test_cublaslt_scale_layout_and_repeat_calls():
+    xq, xs, wq, ws, ref = _operands(256, 256, 512, False, seed=7)
+    xs_cm = xs.t().contiguous().t()          # cuBLASLt's (M, K/128) with strides (1, M)
+    for _ in range(3):                       # the second call replays a plan (contiguous scales only)
+        _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws), ref, torch.bfloat16)
+    _close(ops.gemm_fp8_blockwise(xq, xs_cm, wq, ws), ref, torch.bfloat16)
+
+
+def test_wrong_fp8_format_is_refused():
+    other = torch.float8_e4m3fnuz if F8 == torch.float8_e4m3fn else torch.float8_e4m3fn
+    xq, xs, wq, ws, _ = _operands(32, 32, 128, False)
+    with pytest.raises(TypeError, match="multiplies"):
+        ops.gemm_fp8_blockwise(xq.view(torch.uint8).view(other), xs, wq.view(torch.uint8).view(other), ws)
+
+
+@pytest.mark.parametrize("M, K", [(300, 264), (256, 384)])
+def test_quantizer_transposed_outputs_match(M, K):
+    x = torch.randn(M, K, device="cuda").bfloat16()
+    q_row, s_row, q_col, s_col = ops.quantize_fp8_dual(x)
+    r_row, r_srow, q_colT, s_colT = ops.quantize_fp8_dual(x, transpose_col=True)
+    assert torch.equal(q_row.view(torch.uint8), r_row.view(torch.uint8)) and torch.equal(s_row, r_srow)
+    assert q_colT.shape == (K, M) and s_colT.shape == (K, -(-M // 128))
+    assert torch.equal(q_colT.view(torch.uint8), q_col.view(torch.uint8).t())
+    assert torch.equal(s_colT, s_col.t())
+    q, s = ops.quantize_fp8_weight(x)
+    q2, s2, q_t = ops.quantize_fp8_weight(x, transposed=True)
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+    assert torch.equal(q_t.view(torch.uint8), q.view(torch.uint8).t())
+
+
+def test_fp8_linear_forward_backward_against_float64():
+    from rocjit.nn import FP8Linear
+    T, D, F = 200, 264, 136
+    torch.manual_seed(0)
+    layer = FP8Linear(D, F, bias=True, device="cuda")
+    x = (torch.randn(2, T // 2, D, device="cuda") * 2).bfloat16().requires_grad_()
+    y = layer(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    x2, g2, w = x.detach().reshape(T, D), gy.reshape(T, F), layer.weight.detach()
+    # float64 references from the operands as the recipe quantizes them
+    xq, xs, xc, xcs = ops.quantize_fp8_dual(x2)
+    wq, ws = ops.quantize_fp8_weight(w)
+    gq, gs, gc, gcs = ops.quantize_fp8_dual(g2)
+    col = lambda q, s: q.double() * s.double().repeat_interleave(128, 0)[:q.shape[0]]  # noqa: E731
+    y_ref = _deq_rows(xq, xs) @ _deq_tiles(wq, ws).t() + layer.bias.double()
+    gx_ref = _deq_rows(gq, gs) @ _deq_tiles(wq, ws)
+    gw_ref = col(gc, gcs).t() @ col(xc, xcs)
+    _close(y.reshape(T, F), y_ref, torch.bfloat16)
+    _close(x.grad.reshape(T, D), gx_ref, torch.bfloat16)
+    _close(layer.weight.grad, gw_ref, torch.bfloat16)
+    torch.testing.assert_close(layer.bias.grad.float(), g2.float().sum(0), rtol=1e-2, atol=1e-2)
+    # and against the unquantized float64 product: the FP8 recipe's error stays small
+    exact = x2.double() @ w.double().t()
+    assert ((y.reshape(T, F).double() - layer.bias.double() - exact).norm() / exact.norm()).item() < 0.08
+
+
+def test_fp8_training_follows_the_bf16_loss_curve():
+    """A 2-layer MLP regresses a fixed random teacher for 60 Adam steps. Stated tolerance: from step 10 on, the
+    FP8 loss stays within 15% (+ 2% of the initial loss) of the bf16 loss, and both fall below 40% of the start."""
+    from rocjit.nn import FP8Linear
+    torch.manual_seed(1)
+    D, H, T = 256, 512, 512
+    teacher = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.GELU(), torch.nn.Linear(H, D)).cuda()
+    data = [torch.randn(T, D, device="cuda") for _ in range(4)]
+    targets = [teacher(d).detach() for d in data]
+    ref = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.GELU(), torch.nn.Linear(H, D)).cuda().bfloat16()
+    fp8 = torch.nn.Sequential(FP8Linear.from_linear(ref[0]), torch.nn.GELU(), FP8Linear.from_linear(ref[2]))
+    curves = []
+    for model in (ref, fp8):
+        opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+        losses = []
+        for step in range(60):
+            x, t = data[step % 4].bfloat16(), targets[step % 4]
+            loss = torch.nn.functional.mse_loss(model(x).float(), t)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(losses)
+    bf, f8 = curves
+    assert bf[-1] < 0.4 * bf[0] and f8[-1] < 0.4 * f8[0], (bf[::10], f8[::10])
+    for i in range(10, 60):
+        assert abs(f8[i] - bf[i]) <= 0.15 * bf[i] + 0.02 * bf[0], (i, bf[i], f8[i])

@@ -1,0 +1,73 @@
+"""gemm_fp8_blockwise without a GPU: argument errors name the argument, the tile configs fit each target's shared
+memory, and the kernel builds without spills using matrix instructions for sm_90a, gfx942 and gfx950."""
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from rocjit.ops import gemm_fp8 as G  # noqa: E402
+
+F8 = torch.float8_e4m3fn
+
+
+def _args(M=64, N=32, K=256):
+    a = torch.randn(M, K).to(F8)
+    b = torch.randn(N, K).to(F8)
+    return a, torch.ones(M, -(-K // 128)), b, torch.ones(-(-N // 128), -(-K // 128))
+
+
+@pytest.mark.parametrize("change, exc, words", [
+    (lambda a, sa, b, sb: (a, sa, b, sb, {"layout": "TT"}), ValueError, "layout"),
+    (lambda a, sa, b, sb: (a, sa, b, sb, {"out_dtype": torch.int8}), TypeError, "out_dtype"),
+    (lambda a, sa, b, sb: (a.float(), sa, b, sb, {}), TypeError, "a must have dtype"),
+    (lambda a, sa, b, sb: (a, sa, b.view(torch.uint8), sb, {}), TypeError, "b must have dtype"),
+    (lambda a, sa, b, sb: (a, torch.ones(64, 3), b, sb, {}), ValueError, "a_scale must have shape (64, 2)"),
+    (lambda a, sa, b, sb: (a, sa.double(), b, sb, {}), TypeError, "a_scale must have dtype float32"),
+    (lambda a, sa, b, sb: (a, sa, b, torch.ones(2, 2), {}), ValueError, "b_scale must have shape (1, 2)"),
+    (lambda a, sa, b, sb: (a, sa, b[:, :128], sb, {}), ValueError, "K differ"),
+    (lambda a, sa, b, sb: (a, sa, b, sb.t(), {"layout": "NN"}), ValueError, "K differ"),
+    (lambda a, sa, b, sb: (a, sa, b, sb, {"out": torch.empty(3, 3, dtype=torch.bfloat16)}), ValueError, "out must"),
+    (lambda a, sa, b, sb: (a, sa, b, sb, {}), ValueError, "must be on a GPU"),
+])
+def test_argument_errors_name_the_argument(change, exc, words):
+    a, sa, b, sb, kw = change(*_args())
+    with pytest.raises(exc, match=None) as e:
+        G.gemm_fp8_blockwise(a, sa, b, sb, **kw)
+    assert words in str(e.value) and "gemm_fp8_blockwise" in str(e.value)
+
+
+def test_layout_shapes_are_read_per_layout():
+    a, sa, b, sb = _args(M=64, N=200, K=384)
+    # TN: a [K, M], b [K, N], a_scale [K/128, M], b_scale 128x128 [K/128, N/128] or per row [K/128, N]
+    for bs in (torch.ones(3, 2), torch.ones(3, 200)):
+        M, N, K, rows, od, shape = G._check(a.t(), sa.t(), b.t(), bs, "TN", None, None, True)
+        assert (M, N, K, shape, od) == (64, 200, 384, (200, 64), torch.bfloat16) and rows == (bs.shape[1] == 200)
+
+
+def test_every_config_fits_shared_memory_per_target():
+    for target, limit in (("sm_90a", 227 * 1024), ("sm_89", 99 * 1024), ("gfx942", 64 * 1024), ("gfx950", 160 * 1024)):
+        cands = G.candidates(target, limit)
+        assert len(cands) >= 3, target      # gfx942 (64 KB of LDS) has no room for 128 x 128
+        assert all(G.smem_bytes(c) <= limit for c in cands)
+        for M, N in ((1, 7168), (4096, 4096), (128, 2112)):
+            assert G.default_config(M, N, 132, cands) in cands
+
+
+def test_kernel_builds_clean_with_matrix_instructions(tmp_path):
+    from rocjit import check, toolchain
+    from rocjit.platform import hip
+    targets = ["sm_90a"]
+    if toolchain.find() is not None and hip.hiprtc_usable():
+        targets += ["gfx942", "gfx950"]
+    elif os.environ.get("ROCJIT_REQUIRE_AMD") == "1":
+        pytest.fail("ROCJIT_REQUIRE_AMD=1 but the AMD compilers are missing")
+    out = tmp_path / "check.json"
+    src = check.default_files()[0].parent / "gemm_fp8_blockwise.hip"
+    rc = check.main(["--target", ",".join(targets), "--json", str(out), str(src)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["failures"] == []
+    for t in targets:
+        rows = [r for r in doc["rows"] if r["target"] == t]
+        assert len(rows) >= 5 and all(r["status"] == "ok" for r in rows), t
+        assert all(int(r["matrix"]) > 0 for r in rows), t
