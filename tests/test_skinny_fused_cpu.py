@@ -9,7 +9,6 @@ torch = pytest.importorskip("torch")
 import rocjit.ops as ops  # noqa: E402
 from rocjit import signature  # noqa: E402
 from rocjit.ops import _gemm as G  # noqa: E402
-from rocjit.ops import skinny  # noqa: E402
 
 F8 = torch.float8_e4m3fn
 

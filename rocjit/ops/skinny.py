@@ -128,6 +128,16 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
     return cfg, run
 
 
+def _run(call, a, w, scale_a, scale_w, od, out):
+    M, N, K, fp8, od = _check(a, w, scale_a, scale_w, od, out)
+    a = aligned_operands("skinny_gemm", a.contiguous(), w, out)
+    if out is None:
+        out = call.empty((M, N), od, a.device)
+    cfg, run = config_for(a, w, out, scale_a, scale_w, M, N, K, fp8)
+    run(cfg, w, call)
+    return out
+
+
 def _custom_op():
     """(impl, fake) of torch.ops.rocjit.skinny_gemm."""
     tm = C.torch()
