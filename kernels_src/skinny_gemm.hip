@@ -210,8 +210,10 @@ template <class OT> struct epilogue {
     __device__ __forceinline__ float scaled(float acc, int m, int n) const {
         return acc * scale_at(scale_a, modes & 2, m) * scale_at(scale_w, modes & 1, n);
     }
-    template <class EP> __device__ __forceinline__ void put(int m, int col, float v) const {  // residual added
-        store_out<OT>(out + (size_t)m * ldo + col, v);
+    template <class EP> __device__ __forceinline__ void put(int m, int col, float v) const {
+        const size_t i = (size_t)m * ldo + col;
+        if constexpr (EP::kind == 1) v += load_out<OT>(residual + i);
+        store_out<OT>(out + i, v);
     }
     template <class EP> __device__ __forceinline__ void put_swiglu(int m, int col, float g, float u) const {
         const float y = rocjit::silu(g) * u;
@@ -233,28 +235,9 @@ __device__ __forceinline__ epilogue<OT> make_epilogue(OT* out, const OT* residua
     return epilogue<OT>{out, residual, scale_a, scale_w, modes, M, N, ldo, qmul};
 }
 
-// The residual values a lane's accumulators will be added to, loaded ahead (before the main loop's end) so
-// their latency does not sit at the kernel's tail; zero where out of range, nothing for other epilogues.
+// A warp's finished accumulators: tile t covers weight rows row_base + 16t .. +15 (row_base % 16 == 0).
 template <class EP, class OT, int MT, int NT>
-__device__ __forceinline__ void load_residual(float (&rv)[MT][NT][kAcc], int row_base, const epilogue<OT>& p) {
-    if constexpr (EP::kind == 1) {
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int r = 0; r < kAcc; ++r) {
-                    const int n = row_base + acc_wrow(t, r), m = acc_arow(j, r);
-                    rv[t][j][r] = (n < p.N && m < p.M) ? load_out<OT>(p.residual + (size_t)m * p.ldo + n) : 0.f;
-                }
-    }
-}
-
-// A warp's finished accumulators: tile t covers weight rows row_base + 16t .. +15 (row_base % 16 == 0);
-// rv: load_residual's values (ep_residual).
-template <class EP, class OT, int MT, int NT>
-__device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int row_base, const epilogue<OT>& p,
-                                          const float (&rv)[MT][NT][kAcc]) {
+__device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int row_base, const epilogue<OT>& p) {
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -270,8 +253,7 @@ __device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int 
                     p.template put_swiglu<EP>(m, col, p.scaled(acc[t][j][r], m, n), p.scaled(up, m, n + 8));
                 } else {
                     if (n >= p.N || m >= p.M) continue;
-                    const float v = p.scaled(acc[t][j][r], m, n);
-                    p.template put<EP>(m, n, EP::kind == 1 ? v + rv[t][j][r] : v);
+                    p.template put<EP>(m, n, p.scaled(acc[t][j][r], m, n));
                 }
             }
 }
@@ -324,10 +306,6 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
-    // warp 0 writes the block's rows: its residual loads fly during the main loop
-    const auto ep = make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);
-    float rv[MT][NT][kAcc];
-    if (warp == 0 && !partial) load_residual<EP>(rv, row0, ep);
 
     const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int kb0 = kb_begin + warp * UNROLL; kb0 < kb_end; kb0 += WARPS_K * UNROLL) {
@@ -386,7 +364,7 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
                 }
         return;
     }
-    write_acc<EP>(acc, row0, ep, rv);
+    write_acc<EP>(acc, row0, make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo));
 }
 
 // Output (m, col) = EP of (sum over splits s = 0, 1, ... of partial[s, m, n]) * scale_a[m] * scale_w[n]
@@ -408,10 +386,9 @@ __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* out,
         for (int s = 0; s < splits; ++s, src += (size_t)M * N) { g += src[n]; u += src[n + 8]; }
         p.template put_swiglu<EP>(m, col, p.scaled(g, m, n), p.scaled(u, m, n + 8));
     } else {
-        const float res = EP::kind == 1 ? skinny::load_out<OT>(residual + i) : 0.f;
         float v = 0.f;
         for (int s = 0; s < splits; ++s, src += (size_t)M * N) v += src[col];
-        p.template put<EP>(m, col, p.scaled(v, m, col) + res);
+        p.template put<EP>(m, col, p.scaled(v, m, col));
     }
 }
 
@@ -579,12 +556,9 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 #pragma unroll
             for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
 
-    float rv[MT][NT][kAcc];
     for (long long f = begin; f < end; ++f) {
         const int i = (int)(f - begin), s = i % STAGES;
         const int tile = (int)(f / nk), kc = (int)(f % nk);
-        // the segment's last chunk: fetch the residual its epilogue adds while the chunk lands
-        if (kc == nk - 1 || f == end - 1) load_residual<EP>(rv, tile * kRows + 16 * MT * warp, ep);
         mbar_wait(&full[s], (i / STAGES) & 1);
         const unsigned char* st = smem + s * kStage;
         const unsigned char* wbase = st + (16 * MT * warp + g) * kPitch + c * 16;
@@ -650,7 +624,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
                 }
             }
         }
-        if (write) write_acc<EP>(acc, row_base, ep, rv);
+        if (write) write_acc<EP>(acc, row_base, ep);
 #pragma unroll
         for (int t = 0; t < MT; ++t)
 #pragma unroll
