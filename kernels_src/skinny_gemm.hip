@@ -12,11 +12,20 @@
 // order; with grid.y > 1 each split writes fp32 partials and `skinny_splitk_reduce` sums them
 // in split order, so results never depend on timing.
 //
+// Epilogues (template argument EP, one per kernel path, the main loop shared): plain store; residual
+// (out = residual + C, fp32 then one rounding, in place when out == residual); SwiGLU over interleaved
+// gate/up weight rows (prepare_gate_up: each 16-row tile holds 8 gate rows then the 8 matching up
+// rows, so one lane -- NVIDIA -- or a lane and its partner 32 lanes away -- AMD -- holds both halves
+// of an output) writing silu(g) * u as fp16/bf16 or as FP8 with a static scale. With grid split-K the
+// reduce kernel owns the epilogue, so the residual is added once and the [M, 2I] result stays in fp32
+// partials.
+//
 // Paths: NVIDIA mma.sync (m16n8k16 bf16/f16, m16n8k32 e4m3); AMD MFMA 16x16x16 bf16/f16
 // (gfx90a+) and 16x16x32 fp8 (gfx942 e4m3fnuz, gfx950 e4m3fn). FP8 on gfx90a has no matrix
 // instruction: there fp8 is widened to f16 in registers (the host prefers gemv.hip's portable kernel).
 #include <hip/hip_runtime.h>
 #include "rocjit/types.h"   // __half / __hip_bfloat16 on every compiler (hipRTC included)
+#include "rocjit/fp8.h"
 
 #if defined(__AMDGCN__)
 #define SKINNY_AMD 1
@@ -104,6 +113,8 @@ __device__ __forceinline__ void mma_chunk(float* c, const uint4 (&w)[kRowsPerLan
 // Accumulator r of (m-tile t, n-tile j) -> (weight row within the warp's tiles, activation row).
 __device__ __forceinline__ int acc_wrow(int t, int r) { return 16 * t + lane_row() + 8 * (r >> 1); }
 __device__ __forceinline__ int acc_arow(int j, int r) { return kNTileRows * j + 2 * lane_chunk() + (r & 1); }
+// The accumulator 8 weight rows below accumulator r (rows g, g+8 of a lane): the SwiGLU up partner.
+__device__ __forceinline__ float row_plus8(const float* c, int r) { return c[(r + 2) & 3]; }
 #endif
 
 #if defined(SKINNY_AMD)
@@ -171,21 +182,96 @@ __device__ __forceinline__ void mma_chunk(float* c, const uint4 (&w)[kRowsPerLan
 
 __device__ __forceinline__ int acc_wrow(int t, int r) { return 16 * t + 4 * lane_chunk() + r; }
 __device__ __forceinline__ int acc_arow(int j, int r) { return kNTileRows * j + lane_row(); }
+// Rows 4*chunk + r: row + 8 sits in the lane two chunks on (32 lanes away), same activation row.
+__device__ __forceinline__ float row_plus8(const float* c, int r) { return __shfl_xor(c[r], 32); }
 #endif
+
+// ---- epilogues: what a finished value acc * scale_a[m] * scale_w[n] becomes ----
+struct ep_store { static constexpr int kind = 0; };      // out[m, n] = v
+struct ep_residual { static constexpr int kind = 1; };   // out[m, n] = residual[m, n] + v (fp32, one rounding)
+struct no_quant {};
+// out[m, i] = silu(g) * u of interleaved rows g = 16*(i/8) + i%8, u = g + 8; Q: no_quant (out in OT)
+// or an FP8 format tag (out = fp8(silu(g) * u / out_scale), OT = unsigned char).
+template <class Q> struct ep_swiglu { static constexpr int kind = 2; typedef Q quant; };
+template <class Q> struct quantizes { static constexpr bool value = true; };
+template <> struct quantizes<no_quant> { static constexpr bool value = false; };
+
+template <class T> __device__ __forceinline__ float load_out(const T* p) { return rocjit::to_float(*p); }
+template <> __device__ __forceinline__ float load_out<unsigned char>(const unsigned char*) { return 0.f; }
+
+template <class OT> struct epilogue {
+    OT* out;                  // [M, ldo]
+    const OT* residual;       // [M, ldo] (ep_residual; may be out itself)
+    const float* scale_a;
+    const float* scale_w;
+    int modes, M, N, ldo;     // N: weight rows; ldo: output columns (N, or I for SwiGLU)
+    float qmul;               // 1 / out_scale (FP8 SwiGLU)
+
+    __device__ __forceinline__ float scaled(float acc, int m, int n) const {
+        return acc * scale_at(scale_a, modes & 2, m) * scale_at(scale_w, modes & 1, n);
+    }
+    template <class EP> __device__ __forceinline__ void put(int m, int col, float v) const {
+        const size_t i = (size_t)m * ldo + col;
+        if constexpr (EP::kind == 1) v += load_out<OT>(residual + i);
+        store_out<OT>(out + i, v);
+    }
+    template <class EP> __device__ __forceinline__ void put_swiglu(int m, int col, float g, float u) const {
+        const float y = rocjit::silu(g) * u;
+        if constexpr (quantizes<typename EP::quant>::value)
+            out[(size_t)m * ldo + col] = (OT)rocjit::float_to_fp8<typename EP::quant>(y * qmul);
+        else
+            store_out<OT>(out + (size_t)m * ldo + col, y);
+    }
+};
+
+template <class EP, class OT>
+__device__ __forceinline__ epilogue<OT> make_epilogue(OT* out, const OT* residual, const float* out_scale,
+                                                     const float* scale_a, const float* scale_w, int modes,
+                                                     int M, int N, int ldo) {
+    float qmul = 1.f;
+    if constexpr (EP::kind == 2) {
+        if constexpr (quantizes<typename EP::quant>::value) qmul = 1.0f / *out_scale;
+    }
+    return epilogue<OT>{out, residual, scale_a, scale_w, modes, M, N, ldo, qmul};
+}
+
+// A warp's finished accumulators: tile t covers weight rows row_base + 16t .. +15 (row_base % 16 == 0).
+template <class EP, class OT, int MT, int NT>
+__device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int row_base, const epilogue<OT>& p) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < kAcc; ++r) {
+                const int n = row_base + acc_wrow(t, r);
+                const int m = acc_arow(j, r);
+                if constexpr (EP::kind == 2) {
+                    const float up = row_plus8(acc[t][j], r);       // every lane takes part (AMD shuffle)
+                    const int col = (n >> 4) * 8 + (n & 7);
+                    if ((n & 8) || n >= p.N || m >= p.M || col >= p.ldo) continue;
+                    p.template put_swiglu<EP>(m, col, p.scaled(acc[t][j][r], m, n), p.scaled(up, m, n + 8));
+                } else {
+                    if (n >= p.N || m >= p.M) continue;
+                    p.template put<EP>(m, n, p.scaled(acc[t][j][r], m, n));
+                }
+            }
+}
 
 }  // namespace skinny
 
 // E: element kind; OT: output type; MT: 16-row weight tiles per warp; NT: activation tiles
 // (M <= NT * kNTileRows); WARPS_K: warps splitting K inside a block; UNROLL: k-blocks in flight.
 // A k-block is 4 chunks of 16 bytes per row (32 bf16/f16 or 64 fp8 values).
-// partial == nullptr: write out[M, N] = acc * scale_a * scale_w (scale_modes: which are per row / column);
-// else partial[split][M][N] = acc.
-template <class E, class OT, int MT, int NT, int WARPS_K, int UNROLL>
+// EP: the epilogue (ep_store, ep_residual, ep_swiglu<Q>); ldo: columns of out (N, or I for SwiGLU).
+// partial == nullptr: out gets EP of acc * scale_a * scale_w (scale_modes: which are per row / column);
+// else partial[split][M][N] = acc and skinny_splitk_reduce runs the epilogue.
+template <class E, class OT, int MT, int NT, int WARPS_K, int UNROLL, class EP>
 __launch_bounds__(WARPS_K * skinny::kWarp) __global__ void
 skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::storage* __restrict__ w,
-                   OT* __restrict__ out, float* __restrict__ partial,
+                   OT* out, float* __restrict__ partial, const OT* residual, const float* __restrict__ out_scale,
                    const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_modes,
-                   int M, int N, int K, int kblocks_per_split) {
+                   int M, int N, int K, int kblocks_per_split, int ldo) {
     using namespace skinny;
     constexpr int kPer16 = E::per16;
     constexpr int kBlockK = 4 * kPer16;                 // elements of K per k-block
@@ -265,37 +351,45 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
             for (int v = 0; v < kVals; ++v) dst[v] += red[s][v][lane];
     }
 
+    if (partial) {
 #pragma unroll
-    for (int t = 0; t < MT; ++t)
+        for (int t = 0; t < MT; ++t)
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+            for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int r = 0; r < kAcc; ++r) {
-                const int n = row0 + acc_wrow(t, r);
-                const int m = acc_arow(j, r);
-                if (n >= N || m >= M) continue;
-                if (partial) {
-                    partial[((size_t)blockIdx.y * M + m) * N + n] = acc[t][j][r];
-                } else {
-                    const float sw = scale_at(scale_w, scale_modes & 1, n);
-                    store_out<OT>(out + (size_t)m * N + n, acc[t][j][r] * scale_at(scale_a, scale_modes & 2, m) * sw);
+                for (int r = 0; r < kAcc; ++r) {
+                    const int n = row0 + acc_wrow(t, r);
+                    const int m = acc_arow(j, r);
+                    if (n < N && m < M) partial[((size_t)blockIdx.y * M + m) * N + n] = acc[t][j][r];
                 }
-            }
+        return;
+    }
+    write_acc<EP>(acc, row0, make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo));
 }
 
-// out[m, n] = (sum over splits s = 0, 1, ... of partial[s, m, n]) * scale_a[m] * scale_w[n] (see scale_modes).
-template <class OT>
-__global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* __restrict__ out,
-                                     const float* __restrict__ scale_a, const float* __restrict__ scale_w,
-                                     int scale_modes, int M, int N, int splits) {
+// Output (m, col) = EP of (sum over splits s = 0, 1, ... of partial[s, m, n]) * scale_a[m] * scale_w[n]
+// (see scale_modes), one thread per output of the M x ldo result: the residual is added once, SwiGLU
+// sums its gate and up columns here.
+template <class OT, class EP>
+__global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* out, const OT* residual,
+                                     const float* __restrict__ out_scale, const float* __restrict__ scale_a,
+                                     const float* __restrict__ scale_w, int scale_modes, int M, int N, int splits,
+                                     int ldo) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= M * N) return;
-    const int n = i % N, m = i / N;
-    float s = 0.f;
-    for (int p = 0; p < splits; ++p) s += partial[(size_t)p * M * N + i];
-    const float sa = skinny::scale_at(scale_a, scale_modes & 2, m);
-    const float sw = skinny::scale_at(scale_w, scale_modes & 1, n);
-    skinny::store_out<OT>(out + i, s * sa * sw);
+    if (i >= M * ldo) return;
+    const int col = i % ldo, m = i / ldo;
+    const auto p = skinny::make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);
+    const float* src = partial + (size_t)m * N;
+    if constexpr (EP::kind == 2) {
+        const int n = (col >> 3) * 16 + (col & 7);
+        float g = 0.f, u = 0.f;
+        for (int s = 0; s < splits; ++s, src += (size_t)M * N) { g += src[n]; u += src[n + 8]; }
+        p.template put_swiglu<EP>(m, col, p.scaled(g, m, n), p.scaled(u, m, n + 8));
+    } else {
+        float v = 0.f;
+        for (int s = 0; s < splits; ++s, src += (size_t)M * N) v += src[col];
+        p.template put<EP>(m, col, p.scaled(v, m, col));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -366,15 +460,15 @@ __device__ __forceinline__ int range_owner(long long f, long long total, long lo
 }
 }  // namespace skinny
 
-// E, OT as above; MT 16-row tiles per consumer warp; NT activation tiles of 8 rows; CW consumer
+// E, OT, EP as above; MT 16-row tiles per consumer warp; NT activation tiles of 8 rows; CW consumer
 // warps; BK bytes of K per chunk (multiple of 64); STAGES chunks in the ring; PW producer warps.
 // ws: gridDim.x * 2 * CW*32 * MT*NT*4 floats; tickets: one zeroed int per tile (self-resetting).
-template <class E, class OT, int MT, int NT, int CW, int BK, int STAGES, int PW>
+template <class E, class OT, int MT, int NT, int CW, int BK, int STAGES, int PW, class EP>
 __launch_bounds__((CW + PW) * 32, 1) __global__ void
 skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E::storage* __restrict__ w,
-                     OT* __restrict__ out, float* __restrict__ ws, int* __restrict__ tickets,
-                     const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_modes,
-                     int M, int N, int K) {
+                     OT* out, float* __restrict__ ws, int* __restrict__ tickets, const OT* residual,
+                     const float* __restrict__ out_scale, const float* __restrict__ scale_a,
+                     const float* __restrict__ scale_w, int scale_modes, int M, int N, int K, int ldo) {
 #if defined(SKINNY_ASYNC)
     using namespace skinny;
     constexpr int kRows = 16 * MT * CW;                    // weight rows per tile
@@ -453,6 +547,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 
     // ---- consumers ----
     const int g = lane_row(), c = lane_chunk();
+    const auto ep = make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);
     float acc[MT][NT][kAcc];
 #pragma unroll
     for (int t = 0; t < MT; ++t)
@@ -529,21 +624,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
                 }
             }
         }
-        if (write) {
-#pragma unroll
-            for (int t = 0; t < MT; ++t)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int r = 0; r < kAcc; ++r) {
-                        const int n = row_base + acc_wrow(t, r), m = acc_arow(j, r);
-                        if (n < N && m < M) {
-                            const float sa = scale_at(scale_a, scale_modes & 2, m);
-                            const float sw = scale_at(scale_w, scale_modes & 1, n);
-                            store_out<OT>(out + (size_t)m * N + n, acc[t][j][r] * sa * sw);
-                        }
-                    }
-        }
+        if (write) write_acc<EP>(acc, row_base, ep);
 #pragma unroll
         for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -556,12 +637,23 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 #endif
 }
 
-// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2>
-// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2>
-// rocjit:check skinny_splitk_reduce<__hip_bfloat16>
-// rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 512, 6, 4>
-// rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 256, 5, 4>
-// rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 2, 8, 256, 5, 4>
-// rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 4, 512, 6, 2>
+// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 1, 1, 8, 2, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 2, 4, 4, 2, skinny::ep_swiglu<rocjit::e4m3fnuz>>
+// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 2, 4, 4, 2, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 8, 2, skinny::ep_residual>
+// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, skinny::ep_residual>
+// rocjit:check skinny_splitk_reduce<__hip_bfloat16, skinny::ep_store>
+// rocjit:check skinny_splitk_reduce<__hip_bfloat16, skinny::ep_residual>
+// rocjit:check skinny_splitk_reduce<unsigned char, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check skinny_splitk_reduce<__half, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 512, 6, 4, skinny::ep_store>
+// rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 256, 5, 4, skinny::ep_store>
+// rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 2, 8, 256, 5, 4, skinny::ep_store>
+// rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 4, 512, 6, 2, skinny::ep_store>
+// rocjit:check skinny_stream_kernel<skinny::e4m3_t, unsigned char, 1, 1, 4, 512, 6, 4, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 256, 5, 4, skinny::ep_residual>
+// rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 2, 8, 256, 5, 4, skinny::ep_swiglu<skinny::no_quant>>

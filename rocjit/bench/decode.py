@@ -4,7 +4,11 @@ Rows (every peer measured in the same run):
 - chain_mlp_fp8 / chain_attn_fp8: Llama-3.1-405B TP8 shard shapes (hidden 16384, gate_up 13312 x 16384, down
   16384 x 6656, QKV 2304 x 16384), M = 1..32, FP8 with static per-tensor scales, CUDA-graph replays: rocjit op by
   op against the same chain in torch.compile with torch._scaled_mm (cuBLASLt; rows padded to 16, which it needs)
-  and in bf16 (torch.compile + cuBLAS). chain_mlp_fp8_per_token: the dynamic variant (per-token scales from the
+  and in bf16 (torch.compile + cuBLAS). chain_mlp_fp8_fused: the same MLP with the fused GEMM epilogues
+  (add + RMSNorm + FP8 -> gate/up GEMM + SwiGLU + FP8 in one launch (skinny_gemm_swiglu, interleaved weight from
+  prepare_gate_up) -> down GEMM adding into the residual (skinny_gemm_residual)), against the same peers; it does
+  more than they do (the residual add that the next layer's norm would otherwise do), and its error is that of
+  its down-projection part. chain_mlp_fp8_per_token: the dynamic variant (per-token scales from the
   norm and from swiglu feed the GEMMs directly), against torch.compile with row-wise scaled_mm.
 - hf_eager / hf_compiled: a transformers LlamaForCausalLM at Llama-3-8B layer shapes (hidden 4096, intermediate
   14336, 32 heads / 8 KV heads; 4 layers, vocab 32000, random init, bf16): µs per decoded token, stock against
@@ -71,6 +75,7 @@ def _chains(result, quick):
     s_in, s_gu, s_h, s_d = (torch.tensor([v], device=dev) for v in (0.02, 0.01, 0.05, 0.01))
     s_qkv = torch.tensor([0.01], device=dev)
     w_gu16, w_d16, w_qkv16 = w_gu.to(bf), w_d.to(bf), w_qkv.to(bf)
+    w_gu_i = ops.prepare_gate_up(w_gu[:I_405], w_gu[I_405:])[0]      # the per-tensor scale s_gu applies as it is
     eps = 1e-6
 
     def norm_q(x, r, s):
@@ -122,6 +127,11 @@ def _chains(result, quick):
         gu = ops.skinny_gemm(q, w_gu, scale_a=s_in, scale_w=s_gu)
         return ops.skinny_gemm(ops.swiglu(gu, scale=s_h), w_d, scale_a=s_h, scale_w=s_d)
 
+    def ours_mlp_fused(x, r):
+        q = ops.rms_norm(x, w_ln, eps, residual=r, scale=s_in)[0]
+        h = ops.skinny_gemm_swiglu(q, w_gu_i, scale_a=s_in, scale_w=s_gu, scale=s_h)
+        return ops.skinny_gemm_residual(h, w_d, r, scale_a=s_h, scale_w=s_d)
+
     def ours_mlp_dyn(x, r):
         q, s, _ = ops.rms_norm(x, w_ln, eps, residual=r, quant="per_token")
         gu = ops.skinny_gemm(q, w_gu, scale_a=s.view(-1), scale_w=s_gu)
@@ -134,7 +144,8 @@ def _chains(result, quick):
 
     comp = {f.__name__: torch.compile(f, dynamic=False) for f in (mlp_fp8, attn_fp8, mlp_rowwise, mlp_bf16, attn_bf16)}
     weight_bytes = {"chain_mlp_fp8": (2 * I_405 * H_405 + H_405 * I_405), "chain_attn_fp8": QKV_405 * H_405,
-                    "chain_mlp_fp8_per_token": (2 * I_405 * H_405 + H_405 * I_405)}
+                    "chain_mlp_fp8_per_token": (2 * I_405 * H_405 + H_405 * I_405),
+                    "chain_mlp_fp8_fused": (2 * I_405 * H_405 + H_405 * I_405)}
     for M in ((1, 8, 32) if quick else ROWS):
         Mp = max(16, -(-M // 16) * 16)
         x = torch.randn(M, H_405, device=dev).to(bf)
@@ -144,11 +155,15 @@ def _chains(result, quick):
         rp = torch.zeros(Mp, H_405, device=dev, dtype=bf)
         rp[:M] = r0
         for case, ours, peer_fp8, peer_bf16 in (("chain_mlp_fp8", ours_mlp, "mlp_fp8", "mlp_bf16"),
+                                                ("chain_mlp_fp8_fused", ours_mlp_fused, "mlp_fp8", "mlp_bf16"),
                                                 ("chain_attn_fp8", ours_attn, "attn_fp8", "attn_bf16"),
                                                 ("chain_mlp_fp8_per_token", ours_mlp_dyn, "mlp_rowwise", "mlp_bf16")):
             # outputs first: the FP8 chain against the bf16 chain on the same inputs (FP8 rounding bounds it)
+            r_ref = r0.clone()
             y_ours = ours(x, r0.clone())
-            y_ref = comp[peer_bf16](x, r0.clone())
+            y_ref = comp[peer_bf16](x, r_ref)
+            if case.endswith("_fused"):                   # it returns residual + down: compare the down part
+                y_ours = y_ours.float() - r_ref.float()
             err = _rel(y_ours, y_ref)
             r1, r2, r3 = r0.clone(), rp.clone(), r0.clone()
             t_ours = H.time_graph([lambda: ours(x, r1)])
@@ -159,7 +174,7 @@ def _chains(result, quick):
                       {"torch_compile_scaled_mm": t_fp8, "torch_compile_bf16": t_bf16}, floor, timing="graph",
                       rel_err_vs_bf16_chain=err)
             print(result["rows"][-1], flush=True)
-    del w_gu, w_d, w_qkv, w_gu16, w_d16, w_qkv16, comp
+    del w_gu, w_d, w_qkv, w_gu16, w_d16, w_qkv16, w_gu_i, comp
     torch.cuda.empty_cache()
 
 

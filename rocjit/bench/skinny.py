@@ -1,6 +1,8 @@
 """Skinny GEMM C = A W^T, M = 1..32: rocjit vs cuBLASLt FP8 (torch._scaled_mm, M padded to 16) and
 cuBLAS bf16 (torch.matmul), in one run. Weights rotated beyond L2, CUDA-graph replays.
-Shapes: the seed's decode projections (N, K) in {(2304, 16384), (13312, 16384), (16384, 6656)}."""
+Shapes: the seed's decode projections (N, K) in {(2304, 16384), (13312, 16384), (16384, 6656)}.
+mlp_gate_up_bf16: the gate/up projection of a bf16 model (2 x 6656 x 16384) with its SwiGLU: rocjit fused
+(skinny_gemm_swiglu, one launch), rocjit op by op (skinny_gemm + swiglu) and torch.matmul + silu * up."""
 
 from rocjit.bench import harness as H
 
@@ -41,4 +43,32 @@ def run(argv) -> dict:
                 print(result["rows"][-1], flush=True)
             del ws
             torch.cuda.empty_cache()
+    _mlp_bf16(result, rows)
     return result
+
+
+def _mlp_bf16(result, rows):
+    import torch
+    import rocjit.ops as ops
+    inter, K = 6656, 16384
+    bf = torch.bfloat16
+    n = H.rotation_count(2 * inter * K * 2)
+    ws = [torch.randn(2 * inter, K, device="cuda").to(bf) for _ in range(n)]
+    wis = [ops.prepare_gate_up(w[:inter], w[inter:])[0] for w in ws]
+
+    def torch_mlp(a, w):
+        g, u = (a @ w.t()).chunk(2, dim=-1)
+        return torch.nn.functional.silu(g) * u
+
+    for M in rows:
+        a = torch.randn(M, K, device="cuda").to(bf)
+        fused = H.time_rotating([lambda w=w: ops.skinny_gemm_swiglu(a, w) for w in wis], graph=True)
+        peers = {"rocjit_op_by_op": H.time_rotating([lambda w=w: ops.swiglu(ops.skinny_gemm(a, w)) for w in ws],
+                                                    graph=True),
+                 "torch_matmul_silu": H.time_rotating([lambda w=w: torch_mlp(a, w) for w in ws], graph=True)}
+        nbytes = 2 * inter * K * 2 + M * K * 2 + M * inter * 2
+        H.add_row(result, "mlp_gate_up_bf16", (M, 2 * inter, K), "bfloat16", fused, peers,
+                  H.floor_us(nbytes, result["ceilings"]), timing="graph")
+        print(result["rows"][-1], flush=True)
+    del ws, wis
+    torch.cuda.empty_cache()

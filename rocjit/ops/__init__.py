@@ -11,11 +11,12 @@ from rocjit.ops._op import REGISTRY, clear_plans, load_all as _load_all, registe
 
 _load_all()
 globals().update({_name: _entry.function for _name, _entry in REGISTRY.items()})
+from rocjit.ops.skinny import prepare_gate_up  # noqa: E402  (one-time weight preparation of skinny_gemm_swiglu)
 
 if "torch" in _sys.modules:  # torch is already loaded: register the custom ops for torch.compile now
     register_custom_ops()
 
-__all__ = sorted(REGISTRY) + ["REGISTRY", "clear_plans", "register_custom_ops"]
+__all__ = sorted(REGISTRY) + ["REGISTRY", "clear_plans", "prepare_gate_up", "register_custom_ops"]
 
 
 def __getattr__(name):

@@ -34,6 +34,12 @@ def has_matrix_path(target: str, fp8: bool) -> bool:
     return target.startswith(("gfx90a", "gfx94", "gfx95"))
 
 
+def has_epilogue_path(target: str, fp8: bool) -> bool:
+    """Where skinny_gemm_kernel runs at all (the fused epilogues live only there and in the stream kernel):
+    the matrix path, and gfx90a's FP8 (widened to f16 in registers; the plain GEMM prefers gemv.hip there)."""
+    return has_matrix_path(target, fp8) or target.startswith("gfx90a")
+
+
 def _kernel(src: str, name: str):
     return C.module(src)[name]
 
@@ -50,7 +56,18 @@ def _elem_kind(dtype) -> str:
 
 def ctype(dtype) -> str:
     import torch
+    if _is_fp8(dtype):
+        return "unsigned char"
     return {torch.bfloat16: "__hip_bfloat16", torch.float16: "__half", torch.float32: "float"}[dtype]
+
+
+# The kernels' epilogue types (template argument EP of skinny_gemm.hip's kernels)
+EP_STORE, EP_RESIDUAL = "skinny::ep_store", "skinny::ep_residual"
+
+
+def ep_swiglu(fmt: str | None) -> str:
+    """SwiGLU epilogue over interleaved gate/up rows: fp16/bf16/fp32 out (fmt None) or FP8 of that format."""
+    return f"skinny::ep_swiglu<{'skinny::no_quant' if fmt is None else C.fp8_tag(fmt)}>"
 
 
 def _is_fp8(dtype) -> bool:
@@ -147,8 +164,9 @@ def scale_modes(M: int, N: int, scale_a, scale_w) -> int:
 
 
 def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, target: str, wave: int,
-               call=UNRECORDED):
-    """C = A W^T (* scales) with skinny_gemm_kernel; split-K partials reduced by skinny_splitk_reduce."""
+               call=UNRECORDED, *, ep: str = EP_STORE, residual=None, out_scale=None):
+    """C = A W^T (* scales) with skinny_gemm_kernel; split-K partials reduced by skinny_splitk_reduce, which then
+    runs the epilogue `ep` (EP_STORE, EP_RESIDUAL with `residual`, ep_swiglu(fmt) with `out_scale` for FP8)."""
     import torch
     nt = _m_tiles(M, target)
     mt, wk, un, splits = cfg["mt"], cfg["warps_k"], cfg["unroll"], cfg["splits"]
@@ -157,16 +175,20 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
     kb_per_split = -(-nkb // splits)
     splits = -(-nkb // kb_per_split)
     modes = scale_modes(M, N, scale_a, scale_w)
-    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}>"
+    ldo = out.shape[-1]
+    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {ep}>"
     grid = (-(-N // (16 * mt)), splits)
     k = _kernel(SRC, name)
     if splits == 1:
-        call.launch(k, grid, wk * wave, a, w, out, None, scale_a, scale_w, modes, M, N, K, kb_per_split)
+        call.launch(k, grid, wk * wave, a, w, out, None, residual, out_scale, scale_a, scale_w, modes, M, N, K,
+                    kb_per_split, ldo)
         return out
     partial = call.empty((splits, M, N), torch.float32, a.device)
-    call.launch(k, grid, wk * wave, a, w, out, partial, scale_a, scale_w, modes, M, N, K, kb_per_split)
-    r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}>")
-    call.launch(r, -(-(M * N) // 256), 256, partial, out, scale_a, scale_w, modes, M, N, splits)
+    call.launch(k, grid, wk * wave, a, w, out, partial, residual, out_scale, scale_a, scale_w, modes, M, N, K,
+                kb_per_split, ldo)
+    r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {ep}>")
+    call.launch(r, -(-(M * ldo) // 256), 256, partial, out, residual, out_scale, scale_a, scale_w, modes, M, N,
+                splits, ldo)
     return out
 
 
@@ -228,9 +250,11 @@ def _stream_buffers(device, tiles: int, ws_floats: int):
     return state[0], state[1]
 
 
-def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int, call=UNRECORDED):
-    """C = A W^T (* scales) with skinny_stream_kernel: one launch, stream-K, fixed-order fix-up. Its tickets and
-    workspace belong to the current stream, so a plan recorded here replays on that stream only."""
+def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int, call=UNRECORDED, *,
+                  ep: str = EP_STORE, residual=None, out_scale=None):
+    """C = A W^T (* scales) with skinny_stream_kernel: one launch, stream-K, fixed-order fix-up; the block that
+    writes a tile runs the epilogue `ep` (see launch_mma). Its tickets and workspace belong to the current stream,
+    so a plan recorded here replays on that stream only."""
     nt = -(-M // 8)
     mt, cw, bk, pw, cps = cfg["mt"], cfg["cw"], cfg["bk"], cfg["pw"], cfg["cps"]
     stages = cfg.get("stages") or stream_stages(M, cfg)
@@ -240,12 +264,13 @@ def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict
     grid = max(1, min(sms * cps, total))
     tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * cw * 32 * mt * nt * 4)
     smem = stages * (rows + 8 * nt) * (bk + 16) + 16 * stages
-    name = f"skinny_stream_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {cw}, {bk}, {stages}, {pw}>"
+    name = (f"skinny_stream_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {cw}, {bk}, {stages}, "
+            f"{pw}, {ep}>")
     call.const(tickets)
     call.const(ws)
     call.bind_stream()
-    call.launch(_kernel(SRC, name), grid, (cw + pw) * 32, a, w, out, ws, tickets, scale_a, scale_w,
-                scale_modes(M, N, scale_a, scale_w), M, N, K, shared_mem=smem)
+    call.launch(_kernel(SRC, name), grid, (cw + pw) * 32, a, w, out, ws, tickets, residual, out_scale, scale_a,
+                scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1], shared_mem=smem)
     return out
 
 
