@@ -10,7 +10,8 @@ What changes, for the Llama, Mistral, Qwen2 and Qwen3 families (decoder layers w
 self_attn, post_attention_layernorm and a SwiGLU mlp):
 - every RMSNorm of the model -> ``ops.rms_norm`` (q_norm / k_norm of Qwen3 included);
 - each decoder layer adds the attention output to the residual stream inside the post-attention norm
-  (one kernel reads both and writes the sum and the normalized rows);
+  (one kernel reads both and writes the sum and the normalized rows), and at decode the MLP's down GEMM adds its
+  result into that sum in its epilogue (``skinny_gemm_residual``);
 - each MLP, for at most ``ops.skinny.MAX_M`` (32) tokens: one ``skinny_gemm`` over gate and up weights stored
   as one [2I, H] matrix (gate_proj.weight and up_proj.weight become views of it; nothing is copied twice),
   ``swiglu``, and ``skinny_gemm`` for down; more tokens (prefill) use the model's own code;
@@ -234,13 +235,23 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     mlp = self.mlp
     mp = getattr(mlp, _ATTR)
     rows = hidden_states.numel() // hidden_states.shape[-1]
-    if mp["fp8"] and rows <= mp["max_m"]:
+    if rows > mp["max_m"]:
+        normed, hsum = ops.rms_norm(hidden_states, ln2.weight, ln2._rocjit_eps, residual=attn)
+        return hsum.add_(mlp(normed))
+    # decode: the down GEMM adds its result into the residual stream in its epilogue (no separate add)
+    if mp["fp8"]:
         q, s, hsum = ops.rms_norm(hidden_states.reshape(rows, -1), ln2.weight, ln2._rocjit_eps,
                                   residual=attn.reshape(rows, -1), quant="per_token", fp8_format=mp["fmt"])
-        y = _mlp_fp8(mlp, mp, q, s)
-        return hsum.add_(y).view(hidden_states.shape)
-    normed, hsum = ops.rms_norm(hidden_states, ln2.weight, ln2._rocjit_eps, residual=attn)
-    return hsum.add_(mlp(normed))
+        gu = ops.skinny_gemm(q, mp["gate_up_fp8"], scale_a=s.view(-1), scale_w=mp["gate_up_scale"],
+                             out_dtype=mp["dtype"])
+        h, hs = ops.swiglu(gu, quant="per_token", fp8_format=mp["fmt"])
+        ops.skinny_gemm_residual(h, mp["down_fp8"], hsum, scale_a=hs.view(-1), scale_w=mp["down_scale"])
+        return hsum.view(hidden_states.shape)
+    normed, hsum = ops.rms_norm(hidden_states.reshape(rows, -1), ln2.weight, ln2._rocjit_eps,
+                                residual=attn.reshape(rows, -1))
+    h = ops.swiglu(ops.skinny_gemm(normed, mp["gate_up"]))
+    ops.skinny_gemm_residual(h, mlp.down_proj.weight, hsum)
+    return hsum.view(hidden_states.shape)
 
 
 # ----------------------------------------------------------------------------- patch / unpatch
