@@ -112,3 +112,16 @@ def test_an_attention_of_unknown_shape_keeps_its_forward():
     names = _overridden(model)
     assert "OtherAttention" not in names and names.count("Linear") == 8    # q, k, v, o each FP8 on its own
     rt.unpatch(model)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_patched_model_deep_copies(fp8):
+    """copy.deepcopy of a patched model (tests and training loops copy models) works, and the copy computes what the
+    original does."""
+    import copy
+    model = rt.patch(_tiny(), fp8=fp8)
+    twin = copy.deepcopy(model)
+    ids = torch.randint(0, 100, (1, 5))
+    with torch.no_grad():
+        assert torch.equal(twin(ids).logits, model(ids).logits)
+    assert twin.model.layers[0].self_attn._rocjit_patch["fns"] is model.model.layers[0].self_attn._rocjit_patch["fns"]

@@ -30,6 +30,7 @@ from rocjit.bench import harness as H
 
 H_405, I_405, QKV_405 = 16384, 6656, 2304
 ROWS = (1, 2, 4, 8, 16, 32)
+ERR_BOUND = 0.15      # relative L2 of an FP8 chain against its bf16 chain: e4m3 rounding of two GEMMs stays below it
 
 
 def host_us(fns: dict, *, n: int = 200, rounds: int = 15) -> dict:
@@ -74,7 +75,8 @@ def _chains(result, quick):
     w_qkv = torch.randn(QKV_405, H_405, device=dev).to(f8)
     s_in, s_gu, s_h, s_d = (torch.tensor([v], device=dev) for v in (0.02, 0.01, 0.05, 0.01))
     s_qkv = torch.tensor([0.01], device=dev)
-    w_gu16, w_d16, w_qkv16 = w_gu.to(bf), w_d.to(bf), w_qkv.to(bf)
+    # the bf16 chains use the values the FP8 chains stand for: each FP8 weight times its scale
+    w_gu16, w_d16, w_qkv16 = ((w.float() * sc).to(bf) for w, sc in ((w_gu, s_gu), (w_d, s_d), (w_qkv, s_qkv)))
     w_gu_i = ops.prepare_gate_up(w_gu[:I_405], w_gu[I_405:])[0]      # the per-tensor scale s_gu applies as it is
     eps = 1e-6
 
@@ -165,6 +167,9 @@ def _chains(result, quick):
             if case.endswith("_fused"):                   # it returns residual + down: compare the down part
                 y_ours = y_ours.float() - r_ref.float()
             err = _rel(y_ours, y_ref)
+            if not err < ERR_BOUND:
+                print(f"bench decode: {case} M={M}: rocjit's FP8 chain is {err:.3f} (relative) from the bf16 chain, "
+                      f"beyond the {ERR_BOUND} that FP8 rounding explains", file=sys.stderr, flush=True)
             r1, r2, r3 = r0.clone(), rp.clone(), r0.clone()
             t_ours = H.time_graph([lambda: ours(x, r1)])
             t_fp8 = H.time_graph([lambda: comp[peer_fp8](xp, r2)])
@@ -172,7 +177,7 @@ def _chains(result, quick):
             floor = H.floor_us(weight_bytes[case], result["ceilings"])
             H.add_row(result, case, (M, H_405), "float8_e4m3fn", t_ours,
                       {"torch_compile_scaled_mm": t_fp8, "torch_compile_bf16": t_bf16}, floor, timing="graph",
-                      rel_err_vs_bf16_chain=err)
+                      rel_err_vs_bf16_chain=err, outputs_match=bool(err < ERR_BOUND))
             print(result["rows"][-1], flush=True)
     del w_gu, w_d, w_qkv, w_gu16, w_d16, w_qkv16, w_gu_i, comp
     torch.cuda.empty_cache()

@@ -86,7 +86,8 @@ def _fp8_format(device) -> str:
 def _norm_forward(self, hidden_states):
     if _grad(hidden_states) or not hidden_states.is_cuda:
         return self._rocjit_orig_forward(hidden_states)
-    return _ops().rms_norm(hidden_states, self.weight, self._rocjit_eps)
+    # the model may normalize a view (Qwen3's q_norm / k_norm get per-head views of the projections' output)
+    return _ops().rms_norm(hidden_states.contiguous(), self.weight, self._rocjit_eps)
 
 
 def _mlp_forward(self, x):
@@ -133,7 +134,7 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
     if _stock(hidden_states, p["max_m"]):
         return p["orig"](hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
     ops = _ops()
-    mod = p["module"]
+    mod = p["fns"]
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
     rows = hidden_states.numel() // hidden_states.shape[-1]
@@ -163,6 +164,18 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
                              self.attention_dropout, scaling=self.scaling, **kwargs)
     out = out.reshape(*input_shape, -1).contiguous()
     return self.o_proj(out), weights
+
+
+class _AttentionFunctions:
+    """The model module's rotary, attention-function registry and eager attention, as the fused forward calls
+    them. Shared, never copied: copy.deepcopy of a patched model keeps the same functions."""
+
+    def __init__(self, module):
+        for n in _ATTN_NAMES:
+            setattr(self, n, getattr(module, n))
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 def _fusable_attention(attn) -> str | None:
@@ -210,7 +223,7 @@ def _patch_attention(attn, fp8: bool, fmt, max_m: int):
         off += n
     bias = torch.cat([m.bias for m in lins]).contiguous() if lins[0].bias is not None else None
     src = inspect.getsource(type(attn).forward)
-    p = {"orig": attn.forward, "module": sys.modules[type(attn).__module__], "qkv": qkv, "bias": bias,
+    p = {"orig": attn.forward, "fns": _AttentionFunctions(sys.modules[type(attn).__module__]), "qkv": qkv, "bias": bias,
          "sizes": sizes, "fp8": fp8, "fmt": fmt, "max_m": max_m, "sliding": "sliding_window=" in src,
          "qk_norm": "self.q_norm(" in src}
     if fp8:
