@@ -106,12 +106,18 @@ def _mlp_forward(self, x):
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def _mlp_fp8(mlp, p, q, s):
-    """gate/up GEMM on FP8 activations with per-row scales -> swiglu + per-token FP8 -> down GEMM (bf16 out)."""
+def _gate_up_fp8(p, q, s):
+    """gate/up GEMM on FP8 activations with per-row scales -> swiglu + per-token FP8: (h, its scales [rows])."""
     ops = _ops()
     gu = ops.skinny_gemm(q, p["gate_up_fp8"], scale_a=s.view(-1), scale_w=p["gate_up_scale"], out_dtype=p["dtype"])
     h, hs = ops.swiglu(gu, quant="per_token", fp8_format=p["fmt"])
-    return ops.skinny_gemm(h, p["down_fp8"], scale_a=hs.view(-1), scale_w=p["down_scale"], out_dtype=p["dtype"])
+    return h, hs.view(-1)
+
+
+def _mlp_fp8(mlp, p, q, s):
+    """_gate_up_fp8 -> down GEMM (bf16 out)."""
+    h, hs = _gate_up_fp8(p, q, s)
+    return _ops().skinny_gemm(h, p["down_fp8"], scale_a=hs, scale_w=p["down_scale"], out_dtype=p["dtype"])
 
 
 def _linear_fp8_forward(self, x):
@@ -255,10 +261,8 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     if mp["fp8"]:
         q, s, hsum = ops.rms_norm(hidden_states.reshape(rows, -1), ln2.weight, ln2._rocjit_eps,
                                   residual=attn.reshape(rows, -1), quant="per_token", fp8_format=mp["fmt"])
-        gu = ops.skinny_gemm(q, mp["gate_up_fp8"], scale_a=s.view(-1), scale_w=mp["gate_up_scale"],
-                             out_dtype=mp["dtype"])
-        h, hs = ops.swiglu(gu, quant="per_token", fp8_format=mp["fmt"])
-        ops.skinny_gemm_residual(h, mp["down_fp8"], hsum, scale_a=hs.view(-1), scale_w=mp["down_scale"])
+        h, hs = _gate_up_fp8(mp, q, s)
+        ops.skinny_gemm_residual(h, mp["down_fp8"], hsum, scale_a=hs, scale_w=mp["down_scale"])
         return hsum.view(hidden_states.shape)
     normed, hsum = ops.rms_norm(hidden_states.reshape(rows, -1), ln2.weight, ln2._rocjit_eps,
                                 residual=attn.reshape(rows, -1))

@@ -156,6 +156,11 @@ def fp8_decode(codes, fmt: str):
 
 
 # ----------------------------------------------------------------------------- frameworks
+def torch_or_none(a, name: str, op: str):
+    """to_torch's tensor for an optional argument (None stays None)."""
+    return None if a is None else to_torch(a, name, op)[0]
+
+
 def to_torch(a, name: str, op: str):
     """(torch tensor on a GPU, framework name) for torch / cupy (zero-copy) / numpy (copied to the GPU)."""
     tm = torch()

@@ -78,7 +78,7 @@ def swiglu(call, gate_up, *, scale=None, quant=None, out=None, fp8_format=None):
     or dynamic per-row scales (then returns (y, scales))."""
     name = "swiglu"
     xt, fw = C.to_torch(gate_up, "gate_up", name)
-    ot = C.to_torch(out, "out", name)[0] if out is not None else None
+    ot = C.torch_or_none(out, "out", name)
     scale, quant = C.resolve_quant(name, scale, quant, xt.device)
     C.check_tensor(name, "gate_up", xt, dtypes=C.half_dtypes())
     if xt.dim() < 1 or xt.shape[-1] % 2:

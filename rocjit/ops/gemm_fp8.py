@@ -261,7 +261,7 @@ def gemm_fp8_blockwise(call, a, a_scale, b, b_scale, *, layout="NT", out_dtype=N
     bt = C.to_torch(b, "b", NAME)[0]
     sat = C.to_torch(a_scale, "a_scale", NAME)[0]
     sbt = C.to_torch(b_scale, "b_scale", NAME)[0]
-    ot = C.to_torch(out, "out", NAME)[0] if out is not None else None
+    ot = C.torch_or_none(out, "out", NAME)
     if C.compiling():
         od = _check(at, sat, bt, sbt, layout, out_dtype, ot, trans_c)[4]
         y = C.into_out(gemm_fp8_blockwise.__rocjit_op__.torch_op()(at, sat, bt, sbt, layout,

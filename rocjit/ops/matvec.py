@@ -170,9 +170,9 @@ def gemv(call, w, x, *, w_scale=None, w_zero=None, group_size=None, out=None):
     name = "gemv"
     xt, fw = C.to_torch(x, "x", name)
     wt = C.to_torch(w, "w", name)[0]
-    st = C.to_torch(w_scale, "w_scale", name)[0] if w_scale is not None else None
-    zt = C.to_torch(w_zero, "w_zero", name)[0] if w_zero is not None else None
-    ot = C.to_torch(out, "out", name)[0] if out is not None else None
+    st = C.torch_or_none(w_scale, "w_scale", name)
+    zt = C.torch_or_none(w_zero, "w_zero", name)
+    ot = C.torch_or_none(out, "out", name)
     if C.compiling():
         _check(wt, xt, st, zt, group_size, ot)
         y = C.into_out(gemv.__rocjit_op__.torch_op()(wt, xt, st, zt, int(group_size or 0)), ot)

@@ -96,8 +96,8 @@ def rms_norm(call, x, weight, eps=1e-6, *, residual=None, scale=None, quant=None
     name = "rms_norm"
     xt, fw = C.to_torch(x, "x", name)
     wt = C.to_torch(weight, "weight", name)[0]
-    rt = C.to_torch(residual, "residual", name)[0] if residual is not None else None
-    ot = C.to_torch(out, "out", name)[0] if out is not None else None
+    rt = C.torch_or_none(residual, "residual", name)
+    ot = C.torch_or_none(out, "out", name)
     scale, quant = C.resolve_quant(name, scale, quant, xt.device)
     fmt = C.fp8_format(fp8_format, xt.device) if quant else "e4m3fn"
     _check(name, xt, wt, rt, scale)

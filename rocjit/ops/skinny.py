@@ -161,9 +161,9 @@ def skinny_gemm(call, a, w, *, scale_a=None, scale_w=None, out_dtype=None, out=N
     name = "skinny_gemm"
     at, fw = C.to_torch(a, "a", name)
     wt = C.to_torch(w, "w", name)[0]
-    sa = C.to_torch(scale_a, "scale_a", name)[0] if scale_a is not None else None
-    sw = C.to_torch(scale_w, "scale_w", name)[0] if scale_w is not None else None
-    ot = C.to_torch(out, "out", name)[0] if out is not None else None
+    sa = C.torch_or_none(scale_a, "scale_a", name)
+    sw = C.torch_or_none(scale_w, "scale_w", name)
+    ot = C.torch_or_none(out, "out", name)
     if C.compiling():
         od = _check(at, wt, sa, sw, out_dtype, ot)[4]
         y = C.into_out(skinny_gemm.__rocjit_op__.torch_op()(at, wt, sa, sw, str(od).replace("torch.", "")), ot)
@@ -287,9 +287,9 @@ def skinny_gemm_swiglu(call, a, w_gate_up, *, scale_a=None, scale_w=None, scale=
     name = "skinny_gemm_swiglu"
     at, fw = C.to_torch(a, "a", name)
     wt = C.to_torch(w_gate_up, "w_gate_up", name)[0]
-    sa = C.to_torch(scale_a, "scale_a", name)[0] if scale_a is not None else None
-    sw = C.to_torch(scale_w, "scale_w", name)[0] if scale_w is not None else None
-    ot = C.to_torch(out, "out", name)[0] if out is not None else None
+    sa = C.torch_or_none(scale_a, "scale_a", name)
+    sw = C.torch_or_none(scale_w, "scale_w", name)
+    ot = C.torch_or_none(out, "out", name)
     scale = C.resolve_quant(name, scale, None, at.device)[0]
     fmt = C.fp8_format(fp8_format, at.device) if scale is not None else "e4m3fn"
     M, N, K, fp8, inter, od = _check_swiglu(at, wt, sa, sw, scale, intermediate, out_dtype, ot, fmt)
@@ -348,9 +348,9 @@ def skinny_gemm_residual(call, a, w, residual, *, scale_a=None, scale_w=None, ou
     at, fw = C.to_torch(a, "a", name)
     wt = C.to_torch(w, "w", name)[0]
     rt = C.to_torch(residual, "residual", name)[0]
-    sa = C.to_torch(scale_a, "scale_a", name)[0] if scale_a is not None else None
-    sw = C.to_torch(scale_w, "scale_w", name)[0] if scale_w is not None else None
-    ot = C.to_torch(out, "out", name)[0] if out is not None else None
+    sa = C.torch_or_none(scale_a, "scale_a", name)
+    sw = C.torch_or_none(scale_w, "scale_w", name)
+    ot = C.torch_or_none(out, "out", name)
     if C.compiling():
         _check_residual(at, wt, rt, sa, sw, ot)
         target = rt if ot is None else ot.copy_(rt)
