@@ -125,3 +125,94 @@ def test_a_patched_model_deep_copies(fp8):
     with torch.no_grad():
         assert torch.equal(twin(ids).logits, model(ids).logits)
     assert twin.model.layers[0].self_attn._rocjit_patch["fns"] is model.model.layers[0].self_attn._rocjit_patch["fns"]
+
+
+class _ReferenceOps:
+    """The rocjit ops the integration calls, written in torch (float32 math): the patched forwards' wiring
+    (fusions, residual handling, FP8 scales, views) runs on the CPU against the stock model."""
+
+    @staticmethod
+    def _fp8(x, fmt):
+        fmax = 448.0
+        s = (x.abs().amax(-1, keepdim=True) / fmax).clamp(min=1e-12)
+        return (x / s).clamp(-fmax, fmax).to(torch.float8_e4m3fn), s
+
+    def rms_norm(self, x, weight, eps=1e-6, *, residual=None, quant=None, fp8_format=None):
+        assert x.is_contiguous()
+        h = x.float() + (residual.float() if residual is not None else 0)
+        if residual is not None:
+            residual.copy_(h.to(residual.dtype))
+            h = residual.float()
+        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        out = self._fp8(y, fp8_format) if quant == "per_token" else (y.to(x.dtype),)
+        out = out + ((residual,) if residual is not None else ())
+        return out if len(out) > 1 else out[0]
+
+    def quantize_fp8(self, x, *, granularity, fp8_format=None):
+        assert granularity == "token"
+        return self._fp8(x.float(), fp8_format)
+
+    def skinny_gemm(self, a, w, *, scale_a=None, scale_w=None, out_dtype=None):
+        assert a.dim() == 2 and a.shape[0] <= 32
+        y = a.float() @ w.float().t()
+        if scale_a is not None:
+            y = y * scale_a.view(-1, 1) * scale_w.view(1, -1)
+        return y.to(out_dtype or a.dtype)
+
+    def swiglu(self, gu, *, quant=None, fp8_format=None):
+        g, u = gu.float().chunk(2, dim=-1)
+        h = torch.nn.functional.silu(g) * u
+        return self._fp8(h, fp8_format) if quant == "per_token" else h.to(gu.dtype)
+
+    def skinny_gemm_residual(self, a, w, residual, *, scale_a=None, scale_w=None):
+        residual.copy_((residual.float() + self.skinny_gemm(a, w, scale_a=scale_a, scale_w=scale_w,
+                                                             out_dtype=torch.float32)).to(residual.dtype))
+        return residual
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_patched_decode_wiring_against_the_stock_model(monkeypatch, family, fp8):
+    """Prefill (stock code: more rows than the decode kernels take) then decode steps through the patched
+    forwards, with the ops replaced by torch references: logits stay close to the stock model's."""
+    cfgs = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+            "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
+    model = _tiny(*cfgs[family]).float()
+    stock = _tiny(*cfgs[family]).float()
+    stock.load_state_dict(model.state_dict())
+    calls = []
+    ref_ops = _ReferenceOps()
+
+    class Recorder:
+        def __getattr__(self, name):
+            fn = getattr(ref_ops, name)
+            return lambda *a, **k: (calls.append(name), fn(*a, **k))[1]
+
+    monkeypatch.setattr(rt, "_ops", lambda: Recorder())
+    monkeypatch.setattr(rt, "_on_device", lambda t: True)
+    model = model.to(torch.bfloat16)
+    stock = stock.to(torch.bfloat16)
+    rt.patch(model, fp8=fp8)
+    ids = torch.randint(0, 100, (1, 40))          # 40 rows > 32: the prefill runs the model's own MLP / attention
+    with torch.no_grad():
+        outs = []
+        for m in (stock, model):
+            cache = transformers.DynamicCache(config=m.config)
+            logits = [m(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]]
+            tok = logits[0].argmax(-1, keepdim=True)
+            for i in range(3):
+                step = m(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1]
+                logits.append(step)
+                tok = step.argmax(-1, keepdim=True)        # both follow their own greedy tokens
+            outs.append(torch.stack(logits).float())
+    ref, got = outs
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < (0.08 if fp8 else 0.02), err
+    layers = model.config.num_hidden_layers
+    if fp8:
+        # decode: the input norm quantizes for the fused q/k/v GEMM (no separate quantize_fp8 but o_proj's)
+        assert calls.count("quantize_fp8") == 3 * layers
+        assert calls.count("skinny_gemm_residual") == 3 * layers
+    else:
+        assert "quantize_fp8" not in calls and calls.count("skinny_gemm_residual") == 3 * layers

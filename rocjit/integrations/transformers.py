@@ -22,8 +22,8 @@ self_attn, post_attention_layernorm and a SwiGLU mlp):
   attention (with a warning);
 - with ``fp8=True``: the MLP and the attention projections keep an FP8 copy of their weights (e4m3, one scale per
   output channel); at decode the post-attention norm writes FP8 activations with per-token scales that the gate/up
-  GEMM reads directly, swiglu quantizes per token for down, the attention's input is quantized per token once for
-  the fused q/k/v GEMM, and o_proj quantizes its input per token. The bf16 weights stay (prefill uses them, and
+  GEMM reads directly, swiglu quantizes per token for down, the input norm writes FP8 rows with per-token scales
+  for the fused q/k/v GEMM, and o_proj quantizes its input per token. The bf16 weights stay (prefill uses them, and
   ``unpatch`` gives the model back unchanged).
 Anything that needs gradients (``requires_grad`` inputs with grad enabled) runs the stock code.
 """
@@ -40,6 +40,7 @@ _LAYER_PARAMS = ["self", "hidden_states", "attention_mask", "position_ids", "pas
                  "position_embeddings"]
 _ATTN_PARAMS = ["self", "hidden_states", "position_embeddings", "attention_mask", "past_key_values"]
 _ATTN_NAMES = ("apply_rotary_pos_emb", "ALL_ATTENTION_FUNCTIONS", "eager_attention_forward")
+_FP8_INPUT = "_rocjit_fp8_input"       # keyword from the patched layer to its fused attention
 
 
 class PatchError(ValueError):
@@ -60,9 +61,14 @@ def _grad(t) -> bool:
     return t.requires_grad and _torch().is_grad_enabled()
 
 
+def _on_device(t) -> bool:
+    """Where the rocjit kernels run (inputs elsewhere take the model's own code)."""
+    return t.is_cuda
+
+
 def _stock(x, max_m: int) -> bool:
     """This call runs the model's own code: more rows than the decode kernels take, gradients, or not on a GPU."""
-    return x.numel() // x.shape[-1] > max_m or _grad(x) or not x.is_cuda
+    return x.numel() // x.shape[-1] > max_m or _grad(x) or not _on_device(x)
 
 
 # ----------------------------------------------------------------------------- weights
@@ -84,7 +90,7 @@ def _fp8_format(device) -> str:
 
 # ----------------------------------------------------------------------------- forwards
 def _norm_forward(self, hidden_states):
-    if _grad(hidden_states) or not hidden_states.is_cuda:
+    if _grad(hidden_states) or not _on_device(hidden_states):
         return self._rocjit_orig_forward(hidden_states)
     # the model may normalize a view (Qwen3's q_norm / k_norm get per-head views of the projections' output)
     return _ops().rms_norm(hidden_states.contiguous(), self.weight, self._rocjit_eps)
@@ -137,6 +143,7 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
                   **kwargs):
     """The model's attention with q, k and v from one GEMM (the rest as the model's own forward does it)."""
     p = getattr(self, _ATTR)
+    pre = kwargs.pop(_FP8_INPUT, None)     # (FP8 rows, per-row scales) of hidden_states from the layer's norm
     if _stock(hidden_states, p["max_m"]):
         return p["orig"](hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
     ops = _ops()
@@ -146,7 +153,7 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
     rows = hidden_states.numel() // hidden_states.shape[-1]
     x2 = hidden_states.reshape(rows, hidden_states.shape[-1])
     if p["fp8"]:
-        q8, s = ops.quantize_fp8(x2, granularity="token", fp8_format=p["fmt"])
+        q8, s = pre if pre is not None else ops.quantize_fp8(x2, granularity="token", fp8_format=p["fmt"])
         qkv = ops.skinny_gemm(q8, p["qkv_fp8"], scale_a=s.view(-1), scale_w=p["qkv_scale"],
                               out_dtype=hidden_states.dtype)
     else:
@@ -241,19 +248,28 @@ def _patch_attention(attn, fp8: bool, fmt, max_m: int):
 def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                    use_cache=False, position_embeddings=None, **kwargs):
     p = getattr(self, _ATTR)
-    if _grad(hidden_states) or not hidden_states.is_cuda:
+    if _grad(hidden_states) or not _on_device(hidden_states):
         return p["orig"](hidden_states, attention_mask, position_ids, past_key_values, use_cache,
                          position_embeddings, **kwargs)
     ops = _ops()
     ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-    h = ops.rms_norm(hidden_states, ln1.weight, ln1._rocjit_eps)
+    rows = hidden_states.numel() // hidden_states.shape[-1]
+    ap = getattr(self.self_attn, _ATTR, None)
+    if ap is not None and ap["fp8"] and rows <= ap["max_m"]:
+        # FP8 decode with the fused q/k/v GEMM: the input norm writes FP8 rows and their scales, which the GEMM
+        # reads directly (no bf16 normalized tensor, no separate quantization)
+        q8, s = ops.rms_norm(hidden_states.reshape(rows, -1), ln1.weight, ln1._rocjit_eps, quant="per_token",
+                             fp8_format=ap["fmt"])
+        kwargs[_FP8_INPUT] = (q8, s.view(-1))
+        h = hidden_states
+    else:
+        h = ops.rms_norm(hidden_states, ln1.weight, ln1._rocjit_eps)
     attn, _ = self.self_attn(hidden_states=h, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, use_cache=use_cache,
                              position_embeddings=position_embeddings, **kwargs)
     # attn is this layer's own fresh tensor: it receives the residual sum in place, the input stays untouched
     mlp = self.mlp
     mp = getattr(mlp, _ATTR)
-    rows = hidden_states.numel() // hidden_states.shape[-1]
     if rows > mp["max_m"]:
         normed, hsum = ops.rms_norm(hidden_states, ln2.weight, ln2._rocjit_eps, residual=attn)
         return hsum.add_(mlp(normed))
