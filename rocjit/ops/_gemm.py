@@ -176,7 +176,8 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
     splits = -(-nkb // kb_per_split)
     modes = scale_modes(M, N, scale_a, scale_w)
     ldo = out.shape[-1]
-    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {ep}>"
+    minb = cfg.get("minb", 0) if target.startswith("sm_") else 0
+    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {minb}, {ep}>"
     grid = (-(-N // (16 * mt)), splits)
     k = _kernel(SRC, name)
     if splits == 1:
