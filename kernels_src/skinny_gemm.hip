@@ -26,6 +26,24 @@
 #include <hip/hip_runtime.h>
 #include "rocjit/types.h"   // __half / __hip_bfloat16 on every compiler (hipRTC included)
 #include "rocjit/fp8.h"
+#include "rocjit/stream.h"  // read-once weight loads, programmatic dependent launch
+
+// The weight stream's load hint (rocjit/stream.h: 0 no L1 allocation, 1 / 2 + L2 prefetch of 128 / 256
+// bytes, 3 evict-first, 4 = 2 + L2 evict-first policy); -D overrides it for experiments. H100, FP8
+// 13312 x 16384, M = 1: 86 us with 0 or 3, 78 us with 1 or 2 (the 64-byte row pieces a warp asks for
+// become 256-byte DRAM reads); 4 varied from config to config. bf16 gained as much.
+#ifndef SKINNY_W_HINT
+#define SKINNY_W_HINT 2
+#endif
+// Programmatic dependent launch (sm_90+), SKINNY_PDL=1: each block lets the next kernel be scheduled at
+// once and issues its first weight loads before grid_dependency_wait, which comes before it reads
+// activations, scales or the residual and before any write (H100, launched through cuLaunchKernelEx with
+// the programmatic-serialization attribute and captured in a graph: a dependent chain of 4096 x 4096 bf16
+// GEMMs gave bit-identical results, 14.4 -> 13.3 us per GEMM). Off by default: rocjit's launcher does not
+// set the attribute yet, and the reordered loads change register counts (occupancy) of some configs.
+#ifndef SKINNY_PDL
+#define SKINNY_PDL 0
+#endif
 
 #if defined(__AMDGCN__)
 #define SKINNY_AMD 1
@@ -57,19 +75,8 @@ template <> __device__ __forceinline__ void store_out<__hip_bfloat16>(__hip_bflo
 }
 
 __device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
-// Weights are read once: keep them from evicting the activations in L1/L2 (a hint only).
-__device__ __forceinline__ uint4 load16_stream(const void* p) {
-#if defined(SKINNY_NV)
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-#else
-    typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
-    u32x4 v = __builtin_nontemporal_load(reinterpret_cast<const u32x4*>(p));
-    return make_uint4(v[0], v[1], v[2], v[3]);
-#endif
-}
+// Weights are read once: no L1 line, and (SKINNY_W_HINT, see rocjit/stream.h) an L2 prefetch size / policy.
+__device__ __forceinline__ uint4 load16_stream(const void* p) { return rocjit::load16_once<SKINNY_W_HINT>(p); }
 
 #if defined(SKINNY_NV)
 // ---- NVIDIA: warp of 32 = 8 row groups x 4 chunk lanes; a lane holds rows g and g+8 ----
@@ -261,13 +268,14 @@ __device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int 
 }  // namespace skinny
 
 // E: element kind; OT: output type; MT: 16-row weight tiles per warp; NT: activation tiles
-// (M <= NT * kNTileRows); WARPS_K: warps splitting K inside a block; UNROLL: k-blocks in flight.
+// (M <= NT * kNTileRows); WARPS_K: warps splitting K inside a block; UNROLL: k-blocks in flight;
+// MINB: blocks per multiprocessor the registers must allow (launch bounds: a grid of one full wave).
 // A k-block is 4 chunks of 16 bytes per row (32 bf16/f16 or 64 fp8 values).
 // EP: the epilogue (ep_store, ep_residual, ep_swiglu<Q>); ldo: columns of out (N, or I for SwiGLU).
 // partial == nullptr: out gets EP of acc * scale_a * scale_w (scale_modes: which are per row / column);
 // else partial[split][M][N] = acc and skinny_splitk_reduce runs the epilogue.
-template <class E, class OT, int MT, int NT, int WARPS_K, int UNROLL, class EP>
-__launch_bounds__(WARPS_K * skinny::kWarp) __global__ void
+template <class E, class OT, int MT, int NT, int WARPS_K, int UNROLL, int MINB, class EP>
+__launch_bounds__(WARPS_K * skinny::kWarp, MINB) __global__ void
 skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::storage* __restrict__ w,
                    OT* out, float* __restrict__ partial, const OT* residual, const float* __restrict__ out_scale,
                    const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_modes,
@@ -308,10 +316,15 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
             for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
 
     const uint4 zero = make_uint4(0, 0, 0, 0);
+#if SKINNY_PDL
+    rocjit::launch_dependents();     // the next kernel may be scheduled; it waits for us itself
+    bool waited = false;
+#endif
     for (int kb0 = kb_begin + warp * UNROLL; kb0 < kb_end; kb0 += WARPS_K * UNROLL) {
         uint4 wv[UNROLL][MT][kRowsPerLane];
         uint4 av[UNROLL][NT];
-        // Issue every load of this step before any math: UNROLL * MT * 16 rows * 64 bytes in flight.
+        // Issue every load of this step before any math: UNROLL * MT * 16 rows * 64 bytes of weights in
+        // flight, then the activations at the same k.
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int kb = kb0 + u;
@@ -322,6 +335,15 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
 #pragma unroll
                 for (int h = 0; h < kRowsPerLane; ++h)
                     wv[u][t][h] = live ? load16_stream(wrow[t][h] + (size_t)kb * kBlockK) : zero;
+#if SKINNY_PDL
+        }
+        if (!waited) { rocjit::grid_dependency_wait(); waited = true; }   // the first weights are in flight
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int kb = kb0 + u;
+            const int k = kb * kBlockK + lane_chunk() * kPer16;
+            const bool live = kb < kb_end && k < K;
+#endif
 #pragma unroll
             for (int j = 0; j < NT; ++j)
                 av[u][j] = (live && a_live[j]) ? load16(arow[j] + (size_t)kb * kBlockK) : zero;
@@ -333,6 +355,10 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
 #pragma unroll
                 for (int j = 0; j < NT; ++j) mma_chunk<E>(acc[t][j], wv[u][t], av[u][j]);
     }
+
+#if SKINNY_PDL
+    if (!waited) rocjit::grid_dependency_wait();     // a warp without k-blocks still writes below
+#endif
 
     // Fixed-order reduction of the WARPS_K warps through shared memory.
     constexpr int kVals = MT * NT * kAcc;
@@ -408,6 +434,11 @@ __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* out,
 #if defined(SKINNY_NV) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
 #define SKINNY_ASYNC 1
 #endif
+// L2 prefetch size of the stream kernel's weight copies (0, 128 or 256 bytes; 256 measured 1-2% faster
+// than 0 on the H100 at the seed shapes); -D overrides it.
+#ifndef SKINNY_STREAM_PF
+#define SKINNY_STREAM_PF 256
+#endif
 
 namespace skinny {
 #if defined(SKINNY_ASYNC)
@@ -431,6 +462,18 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 __device__ __forceinline__ void async_copy16(void* dst, const void* src, unsigned src_bytes, unsigned long long policy) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
                  :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
+}
+// The weights' copy: with SKINNY_STREAM_PF 256 (128) L2 also fetches the surrounding 256 (128) bytes.
+__device__ __forceinline__ void async_copy16_w(void* dst, const void* src, unsigned src_bytes, unsigned long long policy) {
+#if SKINNY_STREAM_PF == 256
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
+#elif SKINNY_STREAM_PF == 128
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
+#else
+    async_copy16(dst, src, src_bytes, policy);
+#endif
 }
 // Arrive on `bar` once all of this thread's earlier async copies have landed (counted in the init count).
 __device__ __forceinline__ void async_copies_arrive(unsigned long long* bar) {
@@ -503,6 +546,10 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
     }
     __syncthreads();
 
+#if SKINNY_PDL
+    rocjit::launch_dependents();
+    if (warp < CW || begin >= end) rocjit::grid_dependency_wait();   // consumers read / write after this
+#endif
     if (warp >= CW) {
         // ---- producers: 16-byte granules, consecutive threads along a row (coalesced) ----
         constexpr int kGran = BK / 16;                     // granules per row and chunk
@@ -524,15 +571,18 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
                 unsigned char* dst = st + (pt / kGran) * kPitch + col;
 #pragma unroll 8
                 for (int r = pt / kGran; r < kRows; r += kStep, src += kStep * kbytes, dst += kStep * kPitch)
-                    async_copy16(dst, src, 16u, wpol);
+                    async_copy16_w(dst, src, 16u, wpol);
             } else {
                 for (int q = pt; q < kRows * kGran; q += PW * 32) {
                     const int r = q / kGran, col = (q % kGran) * 16;
                     const bool live = r < rows && k0 + col < kbytes;
-                    async_copy16(st + r * kPitch + col, live ? wsrc + (size_t)r * kbytes + col : wsrc - k0,
-                                 live ? 16u : 0u, wpol);
+                    async_copy16_w(st + r * kPitch + col, live ? wsrc + (size_t)r * kbytes + col : wsrc - k0,
+                                   live ? 16u : 0u, wpol);
                 }
             }
+#if SKINNY_PDL
+            if (f == begin) rocjit::grid_dependency_wait();   // the first weights are on their way
+#endif
             const unsigned char* asrc = reinterpret_cast<const unsigned char*>(a) + k0;
             for (int q = pt; q < M * kGran; q += PW * 32) {
                 const int m = q / kGran, col = (q % kGran) * 16;
@@ -637,15 +687,16 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 #endif
 }
 
-// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 1, 1, 8, 2, skinny::ep_swiglu<rocjit::e4m3fn>>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 2, 4, 4, 2, skinny::ep_swiglu<rocjit::e4m3fnuz>>
-// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 2, 4, 4, 2, skinny::ep_swiglu<skinny::no_quant>>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 8, 2, skinny::ep_residual>
-// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, skinny::ep_residual>
+// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 2, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 1, 1, 8, 2, 0, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 2, 4, 4, 2, 0, skinny::ep_swiglu<rocjit::e4m3fnuz>>
+// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 2, 4, 4, 2, 0, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 8, 2, 0, skinny::ep_residual>
+// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, 0, skinny::ep_residual>
 // rocjit:check skinny_splitk_reduce<__hip_bfloat16, skinny::ep_store>
 // rocjit:check skinny_splitk_reduce<__hip_bfloat16, skinny::ep_residual>
 // rocjit:check skinny_splitk_reduce<unsigned char, skinny::ep_swiglu<rocjit::e4m3fn>>

@@ -76,7 +76,8 @@ def _is_fp8(dtype) -> bool:
 
 
 # ----------------------------------------------------------------------------- configs
-_MMA_SHAPES = ((1, 8, 2), (2, 4, 2), (2, 8, 2), (1, 4, 4))   # (MT, WARPS_K, UNROLL) that won a first sweep
+# (MT, WARPS_K, UNROLL) that won a sweep somewhere (H100: (1, 4, 2) at 28672 x 4096 FP8 and 13312 x 16384 bf16)
+_MMA_SHAPES = ((1, 8, 2), (2, 4, 2), (2, 8, 2), (1, 4, 4), (1, 4, 2))
 _SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -176,7 +177,8 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
     splits = -(-nkb // kb_per_split)
     modes = scale_modes(M, N, scale_a, scale_w)
     ldo = out.shape[-1]
-    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {ep}>"
+    minb = cfg.get("minb", 0) if target.startswith("sm_") else 0
+    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {minb}, {ep}>"
     grid = (-(-N // (16 * mt)), splits)
     k = _kernel(SRC, name)
     if splits == 1:

@@ -1,0 +1,68 @@
+// Streaming a large read-once operand (GEMV / skinny-GEMM weights), and programmatic dependent
+// launch: the vendor details of both, so that kernels name a policy instead of writing PTX.
+//
+// load16_once<HINT>(p): 16 bytes at p (16-byte aligned), read exactly once by the whole grid.
+//   HINT 0  ld.global.nc.L1::no_allocate          (no L1 line; L2 default policy)
+//   HINT 1  ... + .L2::128B                        (L2 fetches the surrounding 128 bytes)
+//   HINT 2  ... + .L2::256B                        (L2 fetches the surrounding 256 bytes: the rest of a
+//                                                  row segment that other lanes / warps read next)
+//   HINT 3  ld.global.cs                           (evict-first in L1 and L2, like __ldcs)
+//   HINT 4  HINT 2 + an L2 evict-first cache policy
+// On AMD every hint is one nontemporal global_load_dwordx4 (the hints are NVIDIA PTX).
+//
+// Programmatic dependent launch (NVIDIA sm_90+): a kernel launched with the programmatic stream
+// serialization attribute may start before the kernel ahead of it in the stream has finished.
+// grid_dependency_wait() blocks until that kernel has completed and its writes are visible; a thread
+// must call it before it reads anything an earlier kernel writes or writes anything an earlier kernel
+// reads. launch_dependents() lets the next kernel (if it was launched with the attribute) be scheduled
+// once every block of this grid has called it or exited. Both are no-ops for a normal launch, and
+// compile to nothing before sm_90 and on AMD (no equivalent there: HIP has no programmatic launch).
+#pragma once
+#include "rocjit/platform.h"
+
+namespace rocjit {
+
+template <int HINT>
+ROCJIT_INLINE uint4 load16_once(const void* p) {
+#if ROCJIT_NVIDIA
+    static_assert(HINT >= 0 && HINT <= 4, "load16_once: HINT is 0..4");
+    uint4 v;
+    if constexpr (HINT == 0) {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else if constexpr (HINT == 1) {
+        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else if constexpr (HINT == 2) {
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else if constexpr (HINT == 3) {
+        asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else {
+        unsigned long long pol;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+    }
+    return v;
+#else
+    typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
+    u32x4 v = __builtin_nontemporal_load(reinterpret_cast<const u32x4*>(p));
+    return make_uint4(v[0], v[1], v[2], v[3]);
+#endif
+}
+
+ROCJIT_INLINE void grid_dependency_wait() {
+#if ROCJIT_NVIDIA && ROCJIT_SM >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+ROCJIT_INLINE void launch_dependents() {
+#if ROCJIT_NVIDIA && ROCJIT_SM >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+}  // namespace rocjit

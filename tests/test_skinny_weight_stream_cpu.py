@@ -1,0 +1,82 @@
+"""The skinny GEMM's weight stream on a CPU: every load hint of rocjit/stream.h and the programmatic-dependent-launch
+hooks build for NVIDIA and AMD, the MINB launch-bounds argument reaches the kernel name, and the H100's shipped
+configs are candidates of their shapes (so they are used, not silently replaced by the built-in default)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rocjit import tune  # noqa: E402
+from rocjit.kernel import Module  # noqa: E402
+from rocjit.ops import _gemm as G  # noqa: E402
+
+H100 = "NVIDIA H100 80GB HBM3"
+FP8_NAME = "skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, skinny::ep_store>"
+STREAM_NAME = "skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 512, 6, 2, skinny::ep_store>"
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.parametrize("hint", [0, 1, 2, 3, 4])
+def test_every_weight_load_hint_builds_for_hopper(hint):
+    if not _nvrtc():
+        pytest.skip("cuda-bindings (NVRTC) not installed")
+    defines = {"SKINNY_W_HINT": str(hint), "SKINNY_STREAM_PF": str((0, 128, 256, 0, 256)[hint])}
+    co = Module("skinny_gemm.hip", defines=defines).compile("sm_90a", (FP8_NAME, STREAM_NAME))
+    assert co.binary and FP8_NAME in co.lowered and STREAM_NAME in co.lowered
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_89", "gfx942", "gfx950"])
+def test_programmatic_launch_hooks_build_everywhere(target):
+    """SKINNY_PDL=1: griddepcontrol on sm_90+, nothing before sm_90 and on AMD (no equivalent there)."""
+    if target.startswith("sm_") and not _nvrtc():
+        pytest.skip("cuda-bindings (NVRTC) not installed")
+    if target.startswith("gfx"):
+        from tests.test_ops_fused_cpu import _require_amd
+        _require_amd(target)
+    names = [FP8_NAME.replace(", 1, 1, 8, 2, 0, skinny::ep_store>", ", 1, 4, 4, 2, 0, skinny::ep_residual>")]
+    if target == "sm_90a":
+        names.append(STREAM_NAME)
+    co = Module("skinny_gemm.hip", defines={"SKINNY_PDL": "1"}).compile(target, tuple(names))
+    assert co.binary and all(n in co.lowered for n in names)
+
+
+def test_minb_reaches_the_kernel_name_on_nvidia_only(monkeypatch):
+    names = []
+    monkeypatch.setattr(G, "_kernel", lambda src, name: names.append(name) or name)
+
+    class Rec:
+        def launch(self, *a, **k):
+            pass
+
+        def empty(self, shape, dtype, device):
+            return torch.empty(tuple(shape), dtype=dtype)
+
+    a = torch.zeros(1, 256).to(torch.float8_e4m3fn)
+    w = torch.zeros(64, 256).to(torch.float8_e4m3fn)
+    out = torch.empty(1, 64, dtype=torch.bfloat16)
+    cfg = {"path": "mma", "mt": 1, "warps_k": 4, "unroll": 2, "splits": 1, "minb": 6}
+    G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, "sm_90a", 32, Rec())
+    G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, "gfx942", 64, Rec())
+    G.launch_mma(a, w, out, None, None, 1, 64, 256, {k: v for k, v in cfg.items() if k != "minb"}, "sm_90a", 32,
+                 Rec())
+    assert [n.split(", ")[6] for n in names] == ["6", "0", "0"]
+
+
+@pytest.mark.parametrize("M,N,K,dtype", [(1, 13312, 16384, "float8_e4m3fn"), (1, 16384, 6656, "float8_e4m3fn"),
+                                         (1, 28672, 4096, "float8_e4m3fn"), (1, 4096, 4096, "float8_e4m3fn"),
+                                         (1, 13312, 16384, "bfloat16"), (16, 16384, 6656, "float8_e4m3fn"),
+                                         (32, 13312, 16384, "float8_e4m3fn")])
+def test_h100_shipped_skinny_configs_are_candidates(M, N, K, dtype):
+    eb = 1 if dtype.startswith("float8") else 2
+    cands = G.stream_candidates(M, N, K, 132, eb) + G.mma_candidates(M, N, K, 132, eb)
+    bucket = tune.bucket(m=M, n=N, k=K)
+    rec = tune.shipped_defaults().get("|".join(("skinny_gemm", bucket, dtype, H100)))
+    assert rec is not None, bucket
+    builtin = {"path": "none"}
+    assert tune.default_config("skinny_gemm", bucket, dtype, H100, cands, builtin) == rec["config"]
