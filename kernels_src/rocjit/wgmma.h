@@ -72,8 +72,12 @@ ROCJIT_INLINE void fence_proxy_async() {
 }
 // Keeps the compiler from moving reads / writes of accumulator registers across wgmma issue and wait.
 template <int R> ROCJIT_INLINE void fence_operands(float (&d)[R]) {
+#if ROCJIT_HAS_WGMMA
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+#else
+    (void)d;
+#endif
 }
 
 // d (+)= A[64 x 32] B[32 x N]: desc_a / desc_b from desc_sw128; accumulate 0 overwrites d (scale-d = 0).
@@ -173,8 +177,23 @@ template <> struct mma_n<256> {
     static ROCJIT_INLINE void run(float (&d)[128], unsigned long long a, unsigned long long b, int acc) { mma_m64n256k32(d, a, b, acc); }
 };
 
+// Named barrier ID over THREADS threads (a multiple of 32): the warps that execute it wait for each other.
+template <int ID, int THREADS> ROCJIT_INLINE void bar_sync() {
+#if ROCJIT_NVIDIA
+    asm volatile("bar.sync %0, %1;" :: "n"(ID), "n"(THREADS) : "memory");
+#else
+    __syncthreads();
+#endif
+}
+
 // ----------------------------------------------------------------------------- mbarriers (shared::cta)
-ROCJIT_INLINE unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+ROCJIT_INLINE unsigned smem_u32(const void* p) {
+#if ROCJIT_NVIDIA
+    return (unsigned)__cvta_generic_to_shared(p);
+#else
+    return (unsigned)(unsigned long long)p;
+#endif
+}
 
 ROCJIT_INLINE void mbar_init(unsigned long long* bar, unsigned count) {
 #if ROCJIT_HAS_WGMMA

@@ -53,7 +53,7 @@ _TILES = ((128, 128, 2, 4), (128, 64, 4, 2), (64, 128, 2, 2), (64, 64, 2, 2))
 
 
 # sm_90a wgmma kernel: (BM, BN, stages, warp-specialized); BM = 64 rows per consumer warpgroup
-_SM90_TILES = ((128, 128, 6, True), (128, 128, 4, False), (64, 128, 4, False))
+_SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), (64, 128, 4, False))
 
 
 def _stage_bytes(bm: int, bn: int) -> int:
