@@ -10,6 +10,7 @@ if not torch.cuda.is_available():
 
 from rocjit import ops  # noqa: E402
 from rocjit.ops import _common as C  # noqa: E402
+from rocjit.ops import _gemm  # noqa: E402
 from rocjit.ops import gemm_fp8 as G  # noqa: E402
 
 FMT = C.native_fp8(0)
@@ -113,7 +114,7 @@ SM90_CASES = [(200, 136, 384, False, False), (77, 300, 208, True, False), (257, 
 @pytest.mark.parametrize("od", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("M, N, K, sb_rows, trans_c", SM90_CASES)
 def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od):
-    target = G._device(0)[0]
+    target = _gemm._device(0)[0]
     if not G.is_sm90a(target):
         pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
     xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M * 7 + K)
@@ -128,11 +129,11 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
 
 
 def test_wgmma_kernel_is_the_default_for_prefill_shapes():
-    target = G._device(0)[0]
+    target = _gemm._device(0)[0]
     if not G.is_sm90a(target):
         pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
     cands = G.candidates(target, G._smem_limit(0))
-    assert G.default_config(4096, 4096, G._device(0)[2], cands).get("kernel") == "sm90"
+    assert G.default_config(4096, 4096, _gemm._device(0)[2], cands).get("kernel") == "sm90"
     xq, xs, wq, ws, ref = _operands(1000, 1100, 640, False, seed=11)
     out = torch.full((1000, 1100), float("nan"), device="cuda", dtype=torch.float32)
     _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws, out=out, out_dtype=torch.float32), ref, torch.float32)
