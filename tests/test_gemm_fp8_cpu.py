@@ -74,9 +74,13 @@ def test_kernel_builds_clean_with_matrix_instructions(tmp_path):
         assert all(int(r["matrix"]) > 0 for r in rows), t
 
 
-def test_wgmma_configs_only_on_sm90a():
+def test_wgmma_configs_only_on_sm90a_and_opt_in(monkeypatch):
     for target in ("sm_89", "sm_90", "sm_100a", "gfx942"):
-        assert not any(c.get("kernel") == "sm90" for c in G.candidates(target, 227 * 1024)), target
+        assert not any(c.get("kernel") == "sm90" for c in G.candidates(target, 227 * 1024, sm90=True)), target
+    monkeypatch.delenv("ROCJIT_GEMM_FP8_SM90", raising=False)
+    assert not any(c.get("kernel") == "sm90" for c in G.candidates("sm_90a", 227 * 1024))
+    monkeypatch.setenv("ROCJIT_GEMM_FP8_SM90", "1")
+    assert G.candidates("sm_90a", 227 * 1024) == G.candidates("sm_90a", 227 * 1024, sm90=True)
     cands = G.candidates("sm_90a", 227 * 1024)
     wg = [c for c in cands if c.get("kernel") == "sm90"]
     assert len(wg) >= 3 and all(G.smem_bytes(c) <= 227 * 1024 for c in wg)
@@ -103,6 +107,6 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
         bm, ws = re.search(r"<[^,]+, (\d+), \d+, \d+, (true|false),", r["kernel"]).groups()
         assert int(r["registers"]) * (int(bm) // 64 + (ws == "true")) * 128 <= 65536, r
     text = src.read_text()
-    for c in G.candidates("sm_90a", 227 * 1024):
+    for c in G.candidates("sm_90a", 227 * 1024, sm90=True):
         if c.get("kernel") == "sm90":
             assert f", {c['bm']}, {c['bn']}, {c['stages']}, {'true' if c['ws'] else 'false'}," in text, c

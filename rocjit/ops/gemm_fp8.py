@@ -27,12 +27,15 @@ Decisions:
   same source; the operands must be the device's FP8 format (e4m3fn; e4m3fnuz on gfx942).
 - Hopper (sm_90a) also has gemm_fp8_blockwise_sm90.hip: warpgroup MMAs (wgmma m64n128k32 e4m3) fed from the same
   128B-swizzled shared-memory ring, optionally with a warp-specialized copy warpgroup. Its configs carry
-  "kernel": "sm90" and join the tuner's candidates there; it covers every case of the op (tails, K % 128, per-row
-  B scales, the transposed store), so the choice between the kernels is the tuner's alone.
+  "kernel": "sm90"; it covers every case of the op (tails, K % 128, per-row B scales, the transposed store).
+  It has not yet run on a GPU, so the op offers it only when ROCJIT_GEMM_FP8_SM90=1 (then its configs join the
+  tuner's candidates on sm_90a and are the built-in default above 64 rows); tests/gpu/test_gemm_fp8.py checks
+  every one of its configs directly either way.
 - Tile configs are tuned per (M, N, K) bucket and persisted by rocjit.tune (shipped defaults in
   tune_defaults.json; ROCJIT_AUTOTUNE=0 uses them or the built-in heuristic).
 """
 import functools
+import os
 
 from rocjit import tune
 from rocjit.ops import _common as C
@@ -41,8 +44,11 @@ from rocjit.ops._op import UNRECORDED, op
 
 SRC = "gemm_fp8_blockwise.hip"
 SRC_SM90 = "gemm_fp8_blockwise_sm90.hip"
-# the wgmma kernel is offered on sm_90a (False keeps every device on the mma.sync / MFMA kernel)
-SM90 = True
+
+
+def sm90_enabled() -> bool:
+    """Whether the op offers the wgmma kernel on sm_90a (opt-in until it is verified on a GPU)."""
+    return os.environ.get("ROCJIT_GEMM_FP8_SM90", "0") == "1"
 BLOCK = 128
 LAYOUTS = ("NT", "NN", "TN")
 NAME = "gemm_fp8_blockwise"
@@ -77,10 +83,12 @@ def threads(cfg: dict, target: str) -> int:
     return cfg["wm"] * cfg["wn"] * targets.wave_size(target)
 
 
-def candidates(target: str, smem_limit: int) -> list[dict]:
+def candidates(target: str, smem_limit: int, sm90: bool | None = None) -> list[dict]:
+    """Tile configs that fit `smem_limit`; on sm_90a the wgmma kernel's first when `sm90` (default:
+    sm90_enabled())."""
     nvidia = target.startswith("sm_")
     out = []
-    if SM90 and is_sm90a(target):
+    if (sm90_enabled() if sm90 is None else sm90) and is_sm90a(target):
         for bm, bn, stages, ws in _SM90_TILES:
             cfg = {"kernel": "sm90", "bm": bm, "bn": bn, "stages": stages, "ws": ws}
             if smem_bytes(cfg) <= smem_limit:

@@ -120,7 +120,7 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
     xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M * 7 + K)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     sa, sb = G._strided(xs), G._strided(ws)
-    wg = [c for c in G.candidates(target, G._smem_limit(0)) if c.get("kernel") == "sm90"]
+    wg = [c for c in G.candidates(target, G._smem_limit(0), sm90=True) if c.get("kernel") == "sm90"]
     assert len(wg) >= 3
     for cfg in wg:
         out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=od)
@@ -128,10 +128,11 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
         _close(out, ref.t() if trans_c else ref, torch.bfloat16 if od == torch.float16 else od)
 
 
-def test_wgmma_kernel_is_the_default_for_prefill_shapes():
+def test_wgmma_kernel_is_the_default_for_prefill_shapes(monkeypatch):
     target = _gemm._device(0)[0]
     if not G.is_sm90a(target):
         pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
+    monkeypatch.setenv("ROCJIT_GEMM_FP8_SM90", "1")
     cands = G.candidates(target, G._smem_limit(0))
     assert G.default_config(4096, 4096, _gemm._device(0)[2], cands).get("kernel") == "sm90"
     xq, xs, wq, ws, ref = _operands(1000, 1100, 640, False, seed=11)
