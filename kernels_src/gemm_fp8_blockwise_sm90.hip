@@ -78,6 +78,7 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
     // 168 of 384 (a copy warpgroup would spill)
     static_assert(!(WS && BN == 256 && BM == 128), "BM 128 x BN 256 runs without the copy warpgroup");
     static_assert(BM * (BN + 1) * 4 <= L::kTiles, "the epilogue tile reuses the ring");
+    static_assert(BM * 8 % kCopyThreads == 0 && BN * 8 % kCopyThreads == 0, "copies split evenly");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024u - (wgmma::smem_u32(smem_raw) & 1023u)) & 1023u);
     float* scales = reinterpret_cast<float*>(smem + L::kTiles);
@@ -104,19 +105,23 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
         const int k0 = kb * kRow;
         unsigned char* as = stage_a(s);
         unsigned char* bs = stage_b(s);
+        // fixed trip counts (the copy threads split the tile's 16-byte chunks evenly): unrolled, no loop branches
 #pragma unroll
-        for (int i = t; i < BM * 8; i += kCopyThreads) {
-            const int row = i >> 3, ch = i & 7;
+        for (int j = 0; j < BM * 8 / kCopyThreads; ++j) {
+            const int i = t + j * kCopyThreads, row = i >> 3, ch = i & 7;
             const bool ok = m0 + row < M && (EVEN_K || k0 + ch * 16 < K);
             mma8::copy16(as + mma8::swizzle(row, ch), ok ? a + (long long)(m0 + row) * lda + k0 + ch * 16 : a, ok);
         }
 #pragma unroll
-        for (int i = t; i < BN * 8; i += kCopyThreads) {
-            const int row = i >> 3, ch = i & 7;
+        for (int j = 0; j < BN * 8 / kCopyThreads; ++j) {
+            const int i = t + j * kCopyThreads, row = i >> 3, ch = i & 7;
             const bool ok = n0 + row < N && (EVEN_K || k0 + ch * 16 < K);
             mma8::copy16(bs + mma8::swizzle(row, ch), ok ? b + (long long)(n0 + row) * ldb + k0 + ch * 16 : b, ok);
         }
-        for (int i = t; i < BM + kSb; i += kCopyThreads) {
+#pragma unroll
+        for (int j = 0; j < (BM + kSb + kCopyThreads - 1) / kCopyThreads; ++j) {
+            const int i = t + j * kCopyThreads;
+            if (i >= BM + kSb) break;
             if (i < BM) {
                 const bool ok = m0 + i < M;
                 mma8::copy4(stage_sa(s) + i, ok ? sa + (long long)(m0 + i) * sa_m + (long long)kb * sa_k : sa, ok);
