@@ -2,6 +2,7 @@
 memory, and the kernel builds without spills using matrix instructions for sm_90a, gfx942 and gfx950."""
 import json
 import os
+import re
 
 import pytest
 
@@ -71,3 +72,41 @@ def test_kernel_builds_clean_with_matrix_instructions(tmp_path):
         rows = [r for r in doc["rows"] if r["target"] == t]
         assert len(rows) >= 5 and all(r["status"] == "ok" for r in rows), t
         assert all(int(r["matrix"]) > 0 for r in rows), t
+
+
+def test_wgmma_configs_only_on_sm90a_and_opt_in(monkeypatch):
+    for target in ("sm_89", "sm_90", "sm_100a", "gfx942"):
+        assert not any(c.get("kernel") == "sm90" for c in G.candidates(target, 227 * 1024, sm90=True)), target
+    monkeypatch.delenv("ROCJIT_GEMM_FP8_SM90", raising=False)
+    assert not any(c.get("kernel") == "sm90" for c in G.candidates("sm_90a", 227 * 1024))
+    monkeypatch.setenv("ROCJIT_GEMM_FP8_SM90", "1")
+    assert G.candidates("sm_90a", 227 * 1024) == G.candidates("sm_90a", 227 * 1024, sm90=True)
+    cands = G.candidates("sm_90a", 227 * 1024)
+    wg = [c for c in cands if c.get("kernel") == "sm90"]
+    assert len(wg) >= 3 and all(G.smem_bytes(c) <= 227 * 1024 for c in wg)
+    assert all(G.threads(c, "sm_90a") == (c["bm"] // 64 + c["ws"]) * 128 for c in wg)
+    # prefill-sized products take the wgmma kernel by default, decode-sized ones the mma.sync kernel
+    assert G.default_config(4096, 4096, 132, cands).get("kernel") == "sm90"
+    assert G.default_config(256, 256, 132, cands) in wg
+    assert "kernel" not in G.default_config(1, 7168, 132, cands)
+
+
+def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
+    """Every checked instantiation of the wgmma kernel: no spills, warpgroup MMAs in the SASS, registers that let
+    one block of its largest config run per multiprocessor, and each tuner candidate's template built."""
+    from rocjit import check
+    src = check.default_files()[0].parent / G.SRC_SM90
+    out = tmp_path / "check.json"
+    rc = check.main(["--target", "sm_90a", "--json", str(out), str(src)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["failures"] == []
+    rows = doc["rows"]
+    assert len(rows) >= 5 and all(r["status"] == "ok" for r in rows)
+    assert all(int(r["matrix"]) >= 4 for r in rows)          # 4 k32 steps of m64n128k32 per K block
+    for r in rows:
+        bm, ws = re.search(r"<[^,]+, (\d+), \d+, \d+, (true|false),", r["kernel"]).groups()
+        assert int(r["registers"]) * (int(bm) // 64 + (ws == "true")) * 128 <= 65536, r
+    text = src.read_text()
+    for c in G.candidates("sm_90a", 227 * 1024, sm90=True):
+        if c.get("kernel") == "sm90":
+            assert f", {c['bm']}, {c['bn']}, {c['stages']}, {'true' if c['ws'] else 'false'}," in text, c

@@ -5,7 +5,10 @@ in one run. TFLOP/s and % of the dense FP8 peak (tensorwise torch._scaled_mm at 
 cuBLASLt computes the blockwise product only with K-major operands, so its one timing is the peer of every layout
 of a shape (each of our layouts gets its operands K-major from the quantizers, as the FP8 Linear does).
 Plus the training-step row: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear vs
-bf16 torch.nn.Linear. Shapes <= 256 rows are timed as CUDA-graph replays, larger ones with events."""
+bf16 torch.nn.Linear. Shapes <= 256 rows are timed as CUDA-graph replays, larger ones with events.
+On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT
+products of >= 128 rows, its output compared with the op's, as rows gemm_fp8_blockwise_NT_wgmma_<config>: whether
+the op should offer it (ROCJIT_GEMM_FP8_SM90) is read from these rows."""
 
 from rocjit.bench import harness as H
 
@@ -84,6 +87,8 @@ def run(argv) -> dict:
             b_t = wq.t()
             sb_rows = torch.rand(N, -(-K // 128), device="cuda") + 0.5
             layouts["TN"] = lambda: gemm_fp8_blockwise(a_t, xs.t(), b_t, sb_rows.t(), layout="TN")
+        if M >= 128:
+            layouts.update(_wgmma_rows(result, xq, xs, wq, ws, M, N, K, layouts["NT"], torch))
         for lay, fn in layouts.items():
             fn()
             us = _time(fn, M, torch)
@@ -97,6 +102,35 @@ def run(argv) -> dict:
 
     _training_step(result, quick, torch)
     return result
+
+
+def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):
+    """{'NT_wgmma_<cfg>': launch} for each wgmma config on sm_90a whose output matches the op's NT output (one that
+    disagrees or fails is not timed; a note says so)."""
+    from rocjit.ops import _gemm
+    from rocjit.ops import gemm_fp8 as G
+    target = _gemm._device(xq.device.index or 0)[0]
+    if not G.is_sm90a(target):
+        return {}
+    ref = op_nt().float()
+    tol = 2e-2 * ref.abs().max().item()
+    a_km, b_km, sa, sb = xq.view(torch.uint8), wq.view(torch.uint8), G._strided(xs), G._strided(ws)
+    out = {}
+    for cfg in G.candidates(target, G._smem_limit(xq.device.index or 0), sm90=True):
+        if cfg.get("kernel") != "sm90":
+            continue
+        c = torch.full((M, N), float("nan"), device=xq.device, dtype=torch.bfloat16)
+        fn = (lambda cfg=cfg, c=c: G._launch(cfg, c, a_km, b_km, sa, sb, M, N, K, False, False))
+        try:
+            fn()
+            bad = int(((c.float() - ref).abs() > tol).sum()) + int(c.isnan().sum())
+        except Exception as e:
+            bad = f"{type(e).__name__}: {e}"[:200]
+        if bad:
+            result.setdefault("notes", []).append(f"wgmma kernel {cfg} at {M}x{N}x{K}: {bad} (elements wrong): not timed")
+            continue
+        out[f"NT_wgmma_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{'ws' if cfg['ws'] else ''}"] = fn
+    return out
 
 
 def _training_step(result, quick, torch):

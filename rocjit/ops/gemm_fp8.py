@@ -25,10 +25,17 @@ Decisions:
   K % 16 != 0 (rows not 16-byte aligned) is handled by copying the operands into zero-padded K-major buffers.
 - NVIDIA sm_89+ (mma.sync m16n8k32 e4m3, cp.async ring) and AMD gfx942 / gfx950 (MFMA 16x16x32 fp8) run the
   same source; the operands must be the device's FP8 format (e4m3fn; e4m3fnuz on gfx942).
+- Hopper (sm_90a) also has gemm_fp8_blockwise_sm90.hip: warpgroup MMAs (wgmma m64n128k32 e4m3) fed from the same
+  128B-swizzled shared-memory ring, optionally with a warp-specialized copy warpgroup. Its configs carry
+  "kernel": "sm90"; it covers every case of the op (tails, K % 128, per-row B scales, the transposed store).
+  It has not yet run on a GPU, so the op offers it only when ROCJIT_GEMM_FP8_SM90=1 (then its configs join the
+  tuner's candidates on sm_90a and are the built-in default above 64 rows); tests/gpu/test_gemm_fp8.py checks
+  every one of its configs directly either way.
 - Tile configs are tuned per (M, N, K) bucket and persisted by rocjit.tune (shipped defaults in
   tune_defaults.json; ROCJIT_AUTOTUNE=0 uses them or the built-in heuristic).
 """
 import functools
+import os
 
 from rocjit import tune
 from rocjit.ops import _common as C
@@ -36,6 +43,12 @@ from rocjit.ops import _gemm as G
 from rocjit.ops._op import UNRECORDED, op
 
 SRC = "gemm_fp8_blockwise.hip"
+SRC_SM90 = "gemm_fp8_blockwise_sm90.hip"
+
+
+def sm90_enabled() -> bool:
+    """Whether the op offers the wgmma kernel on sm_90a (opt-in until it is verified on a GPU)."""
+    return os.environ.get("ROCJIT_GEMM_FP8_SM90", "0") == "1"
 BLOCK = 128
 LAYOUTS = ("NT", "NN", "TN")
 NAME = "gemm_fp8_blockwise"
@@ -45,17 +58,41 @@ NAME = "gemm_fp8_blockwise"
 _TILES = ((128, 128, 2, 4), (128, 64, 4, 2), (64, 128, 2, 2), (64, 64, 2, 2))
 
 
+# sm_90a wgmma kernel: (BM, BN, stages, warp-specialized); BM = 64 rows per consumer warpgroup
+_SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), (64, 128, 4, False))
+
+
 def _stage_bytes(bm: int, bn: int) -> int:
     return (bm + bn) * BLOCK + (bm + bn) * 4
 
 
 def smem_bytes(cfg: dict) -> int:
+    if cfg.get("kernel") == "sm90":       # ring + scales + 2 mbarriers per stage + 1024 B to align the ring
+        return cfg["stages"] * (_stage_bytes(cfg["bm"], cfg["bn"]) + 16) + 1024
     return max(cfg["stages"] * _stage_bytes(cfg["bm"], cfg["bn"]), cfg["bm"] * (cfg["bn"] + 1) * 4)
 
 
-def candidates(target: str, smem_limit: int) -> list[dict]:
+def is_sm90a(target: str) -> bool:
+    return target in ("sm_90a",)
+
+
+def threads(cfg: dict, target: str) -> int:
+    if cfg.get("kernel") == "sm90":
+        return (cfg["bm"] // 64 + int(cfg["ws"])) * 128
+    from rocjit import targets
+    return cfg["wm"] * cfg["wn"] * targets.wave_size(target)
+
+
+def candidates(target: str, smem_limit: int, sm90: bool | None = None) -> list[dict]:
+    """Tile configs that fit `smem_limit`; on sm_90a the wgmma kernel's first when `sm90` (default:
+    sm90_enabled())."""
     nvidia = target.startswith("sm_")
     out = []
+    if (sm90_enabled() if sm90 is None else sm90) and is_sm90a(target):
+        for bm, bn, stages, ws in _SM90_TILES:
+            cfg = {"kernel": "sm90", "bm": bm, "bn": bn, "stages": stages, "ws": ws}
+            if smem_bytes(cfg) <= smem_limit:
+                out.append(cfg)
     for bm, bn, wm, wn in _TILES:
         for stages in ((4, 3) if nvidia else (2,)):
             cfg = {"bm": bm, "bn": bn, "wm": wm, "wn": wn, "stages": stages}
@@ -66,10 +103,19 @@ def candidates(target: str, smem_limit: int) -> list[dict]:
 
 
 def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
-    """Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64."""
+    """Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
+    sm_90a (wgmma candidates present) above 64 rows: the warp-specialized 128 x 128 tile, 64 x 128 when that
+    leaves multiprocessors idle."""
+    tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
+    wg = [c for c in cands if c.get("kernel") == "sm90"]
+    if wg and M > 64:
+        big = next((c for c in wg if c["bm"] == 128 and c["ws"]), wg[0])
+        small = next((c for c in wg if c["bm"] == 64), big)
+        return big if tiles(128, 128) >= sms else small
+    cands = [c for c in cands if "kernel" not in c]
+
     def pick(bm, bn):
         return next((c for c in cands if c["bm"] == bm and c["bn"] == bn), cands[-1])
-    tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
     if M <= 64:
         return pick(64, 64) if tiles(64, 128) < sms else pick(64, 128)
     return pick(128, 128) if tiles(128, 128) >= sms else pick(128, 64)
@@ -168,14 +214,18 @@ def _strided(s):
 def _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, call=UNRECORDED):
     """One kernel launch: a_km [M, K'] / b_km [N, K'] uint8 K-major, sa / sb (tensor, stride, stride)."""
     vec_out = (M if trans_c else N) % 8 == 0 and C.aligned(c)
-    name = (f"gemm_fp8_blockwise_kernel<{G.ctype(c.dtype)}, {cfg['bm']}, {cfg['bn']}, {cfg['wm']}, {cfg['wn']}, "
-            f"{cfg['stages']}, {C.cbool(K % BLOCK == 0)}, {C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}>")
-    kernel = C.module(SRC)[name]
+    flags = f"{C.cbool(K % BLOCK == 0)}, {C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}"
+    if cfg.get("kernel") == "sm90":
+        name = (f"gemm_fp8_blockwise_sm90_kernel<{G.ctype(c.dtype)}, {cfg['bm']}, {cfg['bn']}, {cfg['stages']}, "
+                f"{C.cbool(cfg['ws'])}, {flags}>")
+        kernel = C.module(SRC_SM90)[name]
+    else:
+        name = (f"gemm_fp8_blockwise_kernel<{G.ctype(c.dtype)}, {cfg['bm']}, {cfg['bn']}, {cfg['wm']}, {cfg['wn']}, "
+                f"{cfg['stages']}, {flags}>")
+        kernel = C.module(SRC)[name]
     target = G._device(c.device.index or 0)[0]
-    from rocjit import targets
-    threads = cfg["wm"] * cfg["wn"] * targets.wave_size(target)
     grid = C.ceil_div(M, cfg["bm"]) * C.ceil_div(N, cfg["bn"])
-    call.launch(kernel, grid, threads, c, a_km, b_km, sa[0], sb[0], M, N, K, a_km.stride(0), b_km.stride(0),
+    call.launch(kernel, grid, threads(cfg, target), c, a_km, b_km, sa[0], sb[0], M, N, K, a_km.stride(0), b_km.stride(0),
                 c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem_bytes(cfg))
     return c
 
@@ -183,7 +233,8 @@ def _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, call=UNRECORD
 @functools.lru_cache(maxsize=1)
 def src_hash() -> str:
     from rocjit.compiler import kernels_src_dir
-    return tune.source_hash(kernels_src_dir() / SRC, kernels_src_dir() / "rocjit" / "mma_fp8.h")
+    return tune.source_hash(kernels_src_dir() / SRC, kernels_src_dir() / "rocjit" / "mma_fp8.h",
+                            kernels_src_dir() / SRC_SM90, kernels_src_dir() / "rocjit" / "wgmma.h")
 
 
 def _smem_limit(dev: int) -> int:
@@ -251,7 +302,7 @@ def _custom_op():
     return impl, fake
 
 
-@op(roles="TTTTOOTO", sources=(SRC,), bench="gemm_fp8", custom_op=_custom_op)
+@op(roles="TTTTOOTO", sources=(SRC, SRC_SM90), bench="gemm_fp8", custom_op=_custom_op)
 def gemm_fp8_blockwise(call, a, a_scale, b, b_scale, *, layout="NT", out_dtype=None, out=None, trans_c=False):
     """Blockwise-scaled FP8 GEMM C = op(A) op(B) with 1 x 128 scales on A and 128 x 128 (or 1 x 128 per row) scales
     on B: layout "NT" (a [M, K], b [N, K]; forward), "NN" (a [M, K], b [K, N]; dgrad), "TN" (a [K, M], b [K, N];

@@ -10,6 +10,7 @@ if not torch.cuda.is_available():
 
 from rocjit import ops  # noqa: E402
 from rocjit.ops import _common as C  # noqa: E402
+from rocjit.ops import _gemm  # noqa: E402
 from rocjit.ops import gemm_fp8 as G  # noqa: E402
 
 FMT = C.native_fp8(0)
@@ -97,11 +98,46 @@ def test_every_tile_config_with_tails():
     target = G._device_check(xq)
     sa, sb = G._strided(xs), G._strided(ws)
     cands = G.candidates(target, G._smem_limit(0))
-    assert len(cands) == 4
+    assert len([c for c in cands if "kernel" not in c]) == 4
     for cfg in cands:
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         G._launch(cfg, out, xq.view(torch.uint8), wq.view(torch.uint8), sa, sb, M, N, K, False, False)
         _close(out, ref, torch.bfloat16)
+
+
+# the wgmma kernel (sm_90a): M / N tails, K tails (K % 128 != 0; K % 16 != 0 through the padded copy), more K
+# blocks than ring stages, per-row B scales (wgrad), the transposed store, fp32 / bf16 / fp16 out, every config
+SM90_CASES = [(200, 136, 384, False, False), (77, 300, 208, True, False), (257, 264, 1024, False, True),
+              (130, 520, 200, True, True), (384, 256, 2048, False, False)]
+
+
+@pytest.mark.parametrize("od", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("M, N, K, sb_rows, trans_c", SM90_CASES)
+def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od):
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M * 7 + K)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    sa, sb = G._strided(xs), G._strided(ws)
+    wg = [c for c in G.candidates(target, G._smem_limit(0), sm90=True) if c.get("kernel") == "sm90"]
+    assert len(wg) >= 3
+    for cfg in wg:
+        out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=od)
+        G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c)
+        _close(out, ref.t() if trans_c else ref, torch.bfloat16 if od == torch.float16 else od)
+
+
+def test_wgmma_kernel_is_the_default_for_prefill_shapes(monkeypatch):
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
+    monkeypatch.setenv("ROCJIT_GEMM_FP8_SM90", "1")
+    cands = G.candidates(target, G._smem_limit(0))
+    assert G.default_config(4096, 4096, _gemm._device(0)[2], cands).get("kernel") == "sm90"
+    xq, xs, wq, ws, ref = _operands(1000, 1100, 640, False, seed=11)
+    out = torch.full((1000, 1100), float("nan"), device="cuda", dtype=torch.float32)
+    _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws, out=out, out_dtype=torch.float32), ref, torch.float32)
 
 
 def test_cublaslt_scale_layout_and_repeat_calls():

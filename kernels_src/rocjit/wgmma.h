@@ -1,0 +1,231 @@
+// Hopper (sm_90a) warpgroup matrix multiply: wgmma.mma_async with e4m3 operands in shared memory and fp32
+// accumulators in registers, the shared-memory matrix descriptors it reads, and its fences.
+//
+// A warpgroup is 4 consecutive warps (128 threads, the first warp index a multiple of 4); every wgmma
+// instruction is executed by all of them together. m64nNk32 multiplies a 64 x 32 tile of A by a 32 x N tile
+// of B (both K-major for 8-bit types) into d[N / 2] floats per thread: in warp w of the group, lane l holds
+// rows 16 w + l / 4 (d[4 j], d[4 j + 1]) and 16 w + l / 4 + 8 (d[4 j + 2], d[4 j + 3]), columns 8 j + 2 (l % 4)
+// and 8 j + 2 (l % 4) + 1 (the mma.sync m16n8 accumulator layout, repeated N / 8 times).
+//
+// Operand tiles: rows of 128 bytes (128 e4m3 values of K), 8-row groups of 1024 bytes stored with the
+// 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r & 7): rocjit::mma8::swizzle), each tile starting
+// at a 1024-byte aligned shared address. The descriptor of such a tile: stride between 8-row groups 1024 bytes,
+// swizzle mode 128B; a k32 step inside the 128-byte row advances the start address by 32 bytes (the hardware
+// applies the swizzle to the address bits, so the XOR pattern stays the one the copies wrote).
+//
+// Ordering rules (PTX ISA, "asynchronous warpgroup level matrix multiply-accumulate"):
+// - wgmma_fence() before the first wgmma of a group and whenever the accumulator registers were touched by
+//   other instructions since the last wgmma;
+// - shared memory written through the generic proxy (st.shared, cp.async) must be followed by
+//   fence_proxy_async() (by the writing threads, before the barrier that publishes it) before wgmma reads it;
+// - wgmma_commit() closes a group; wgmma_wait<N>() waits until at most N groups are pending, after which the
+//   accumulators may be read and the shared memory they read may be overwritten.
+// Elsewhere (other NVIDIA architectures, AMD) ROCJIT_HAS_WGMMA is 0 and the functions trap.
+#pragma once
+#include "rocjit/platform.h"
+
+#if ROCJIT_NVIDIA && ROCJIT_SM >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ROCJIT_HAS_WGMMA 1
+#else
+#define ROCJIT_HAS_WGMMA 0
+#endif
+
+namespace rocjit {
+namespace wgmma {
+
+constexpr int kGroupThreads = 128;   // one warpgroup
+constexpr int kStepK = 32;           // k per instruction (bytes of an e4m3 row)
+constexpr int kSwizzleAlign = 1024;  // a 128B-swizzled tile starts at a multiple of this shared address
+
+// Descriptor of a K-major e4m3 tile of 128-byte rows, 128B swizzle, at shared address `addr` (a 32-bit
+// shared-window address; the tile's 8-row groups 1024 bytes apart).
+ROCJIT_INLINE unsigned long long desc_sw128(unsigned addr) {
+    unsigned long long d = (unsigned long long)((addr & 0x3FFFF) >> 4);     // bits 0-13: start address / 16
+    d |= (unsigned long long)1 << 16;                                      // leading byte offset (unused: K in one row)
+    d |= (unsigned long long)(1024 >> 4) << 32;                            // stride byte offset: 8 rows x 128 B
+    d |= (unsigned long long)1 << 62;                                      // swizzle mode 1: 128B
+    return d;
+}
+// The same descriptor `bytes` further (a multiple of 16): start address field only.
+ROCJIT_INLINE unsigned long long desc_advance(unsigned long long d, int bytes) { return d + (unsigned)(bytes >> 4); }
+
+ROCJIT_INLINE void fence() {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+ROCJIT_INLINE void commit() {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N> ROCJIT_INLINE void wait() {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+#endif
+}
+// Generic-proxy shared-memory writes of this thread become visible to the async proxy (wgmma's reads).
+ROCJIT_INLINE void fence_proxy_async() {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving reads / writes of accumulator registers across wgmma issue and wait.
+template <int R> ROCJIT_INLINE void fence_operands(float (&d)[R]) {
+#if ROCJIT_HAS_WGMMA
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+#else
+    (void)d;
+#endif
+}
+
+// d (+)= A[64 x 32] B[32 x N]: desc_a / desc_b from desc_sw128; accumulate 0 overwrites d (scale-d = 0).
+ROCJIT_INLINE void mma_m64n64k32(float (&d)[32], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
+    __builtin_trap();
+#endif
+}
+
+ROCJIT_INLINE void mma_m64n128k32(float (&d)[64], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
+    __builtin_trap();
+#endif
+}
+
+ROCJIT_INLINE void mma_m64n256k32(float (&d)[128], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
+    __builtin_trap();
+#endif
+}
+
+
+template <int N> struct mma_n;
+template <> struct mma_n<64> {
+    static ROCJIT_INLINE void run(float (&d)[32], unsigned long long a, unsigned long long b, int acc) { mma_m64n64k32(d, a, b, acc); }
+};
+template <> struct mma_n<128> {
+    static ROCJIT_INLINE void run(float (&d)[64], unsigned long long a, unsigned long long b, int acc) { mma_m64n128k32(d, a, b, acc); }
+};
+template <> struct mma_n<256> {
+    static ROCJIT_INLINE void run(float (&d)[128], unsigned long long a, unsigned long long b, int acc) { mma_m64n256k32(d, a, b, acc); }
+};
+
+// Named barrier ID over THREADS threads (a multiple of 32): the warps that execute it wait for each other.
+template <int ID, int THREADS> ROCJIT_INLINE void bar_sync() {
+#if ROCJIT_NVIDIA
+    asm volatile("bar.sync %0, %1;" :: "n"(ID), "n"(THREADS) : "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// ----------------------------------------------------------------------------- mbarriers (shared::cta)
+ROCJIT_INLINE unsigned smem_u32(const void* p) {
+#if ROCJIT_NVIDIA
+    return (unsigned)__cvta_generic_to_shared(p);
+#else
+    return (unsigned)(unsigned long long)p;
+#endif
+}
+
+ROCJIT_INLINE void mbar_init(unsigned long long* bar, unsigned count) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+#endif
+}
+// mbarrier inits visible to the other threads (and the async proxy) of the block; follow with a barrier.
+ROCJIT_INLINE void mbar_init_fence() {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+ROCJIT_INLINE void mbar_arrive(unsigned long long* bar) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(bar)) : "memory");
+#endif
+}
+// Wait for the phase of parity `parity` to complete.
+ROCJIT_INLINE void mbar_wait(unsigned long long* bar, unsigned parity) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile(
+        "{\n .reg .pred done;\n"
+        "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra WAIT_%=;\n}" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
+#endif
+}
+// Arrive on `bar` once every earlier cp.async of this thread has landed (counted in the barrier's init count).
+ROCJIT_INLINE void cp_async_arrive(unsigned long long* bar) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_u32(bar)) : "memory");
+#endif
+}
+
+}  // namespace wgmma
+}  // namespace rocjit
