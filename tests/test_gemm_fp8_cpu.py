@@ -74,20 +74,22 @@ def test_kernel_builds_clean_with_matrix_instructions(tmp_path):
         assert all(int(r["matrix"]) > 0 for r in rows), t
 
 
-def test_wgmma_configs_only_on_sm90a_and_opt_in(monkeypatch):
+def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     for target in ("sm_89", "sm_90", "sm_100a", "gfx942"):
         assert not any(c.get("kernel") == "sm90" for c in G.candidates(target, 227 * 1024, sm90=True)), target
-    monkeypatch.delenv("ROCJIT_GEMM_FP8_SM90", raising=False)
+    monkeypatch.setenv("ROCJIT_GEMM_FP8_SM90", "0")
     assert not any(c.get("kernel") == "sm90" for c in G.candidates("sm_90a", 227 * 1024))
-    monkeypatch.setenv("ROCJIT_GEMM_FP8_SM90", "1")
+    monkeypatch.delenv("ROCJIT_GEMM_FP8_SM90", raising=False)
     assert G.candidates("sm_90a", 227 * 1024) == G.candidates("sm_90a", 227 * 1024, sm90=True)
     cands = G.candidates("sm_90a", 227 * 1024)
     wg = [c for c in cands if c.get("kernel") == "sm90"]
     assert len(wg) >= 3 and all(G.smem_bytes(c) <= 227 * 1024 for c in wg)
     assert all(G.threads(c, "sm_90a") == (c["bm"] // 64 + c["ws"]) * 128 for c in wg)
     # prefill-sized products take the wgmma kernel by default, decode-sized ones the mma.sync kernel
-    assert G.default_config(4096, 4096, 132, cands).get("kernel") == "sm90"
-    assert G.default_config(256, 256, 132, cands) in wg
+    big = G.default_config(4096, 4096, 132, cands)
+    assert big.get("kernel") == "sm90" and (big["bm"], big["bn"], big["ws"]) == (128, 256, False)
+    assert G.default_config(4096, 2112, 132, cands)["bn"] == 256            # 32 x 9 tiles: still every SM busy
+    assert (G.default_config(256, 256, 132, cands)["bm"], G.default_config(128, 7168, 132, cands)["bm"]) == (64, 64)
     assert "kernel" not in G.default_config(1, 7168, 132, cands)
 
 

@@ -421,6 +421,7 @@ def _hf(result, quick):
                         pipelined_speedup_fp8_vs_stock=t["stock", False] / t["fp8", False],
                         logits_rel_err_bf16=_rel(logit_bf16, logit_stock), logits_rel_err_fp8=_rel(logit_fp8, logit_stock),
                         greedy_tokens_equal_bf16=tok_bf16 == tok_stock,
+                        greedy_tokens_agree_bf16=sum(a == b for a, b in zip(tok_bf16, tok_stock)) / len(tok_stock),
                         greedy_tokens_agree_fp8=sum(a == b for a, b in zip(tok_fp8, tok_stock)) / len(tok_stock),
                         rounds=rounds, steps_per_round=steps)
         print(row, flush=True)

@@ -7,8 +7,8 @@ of a shape (each of our layouts gets its operands K-major from the quantizers, a
 Plus the training-step row: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear vs
 bf16 torch.nn.Linear. Shapes <= 256 rows are timed as CUDA-graph replays, larger ones with events.
 On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT
-products of >= 128 rows, its output compared with the op's, as rows gemm_fp8_blockwise_NT_wgmma_<config>: whether
-the op should offer it (ROCJIT_GEMM_FP8_SM90) is read from these rows."""
+products of >= 128 rows, its output compared with the op's, as rows gemm_fp8_blockwise_NT_wgmma_<config> (the op
+offers these configs to its tuner there unless ROCJIT_GEMM_FP8_SM90=0; the rows show each tile on its own)."""
 
 from rocjit.bench import harness as H
 

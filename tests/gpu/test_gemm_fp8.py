@@ -132,7 +132,7 @@ def test_wgmma_kernel_is_the_default_for_prefill_shapes(monkeypatch):
     target = _gemm._device(0)[0]
     if not G.is_sm90a(target):
         pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
-    monkeypatch.setenv("ROCJIT_GEMM_FP8_SM90", "1")
+    monkeypatch.delenv("ROCJIT_GEMM_FP8_SM90", raising=False)         # on by default on sm_90a
     cands = G.candidates(target, G._smem_limit(0))
     assert G.default_config(4096, 4096, _gemm._device(0)[2], cands).get("kernel") == "sm90"
     xq, xs, wq, ws, ref = _operands(1000, 1100, 640, False, seed=11)
