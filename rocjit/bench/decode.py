@@ -20,7 +20,7 @@ Rows (every peer measured in the same run):
   patched (wall time of back-to-back calls, synchronized at the end).
 - eager_host_<op>: host µs per repeated eager call of each op against its torch eager equivalent and against raw
   rocjit launches of empty kernels with the same parameters as each launch the op makes (the `raw_launches` peer,
-  the sum over its launches); the ratio ours / raw is the issue's target (<= 1.5). ours_out_us: the same call
+  the sum over its launches) and their ratio ours / raw (the goal: <= 1.5). ours_out_us: the same call
   with preallocated outputs (out=), where the op takes one; torch_empty_and_raw_launches: torch.empty for each
   output the op returns, then the raw launches (what a hand-written wrapper that allocates pays).
 """
