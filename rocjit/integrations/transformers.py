@@ -66,6 +66,17 @@ def _on_device(t) -> bool:
     return t.is_cuda
 
 
+def _rows(x):
+    """x as [rows, hidden] (a view where the layout allows)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def _quant_rows(x2, fmt):
+    """Per-token FP8 of [rows, hidden] activations: (q, scales [rows]) as the decode GEMMs take them."""
+    q, s = _ops().quantize_fp8(x2, granularity="token", fp8_format=fmt)
+    return q, s.view(-1)
+
+
 def _stock(x, max_m: int) -> bool:
     """This call runs the model's own code: more rows than the decode kernels take, gradients, or not on a GPU."""
     return x.numel() // x.shape[-1] > max_m or _grad(x) or not _on_device(x)
@@ -101,11 +112,10 @@ def _mlp_forward(self, x):
     if _stock(x, p["max_m"]):
         return p["orig"](x)
     ops = _ops()
-    rows = x.numel() // x.shape[-1]
-    x2 = x.reshape(rows, x.shape[-1])
+    x2 = _rows(x)
     if p["fp8"]:
-        q, s = ops.quantize_fp8(x2, granularity="token", fp8_format=p["fmt"])
-        y = _mlp_fp8(self, p, q, s)
+        h, hs = _gate_up_fp8(p, *_quant_rows(x2, p["fmt"]))
+        y = ops.skinny_gemm(h, p["down_fp8"], scale_a=hs, scale_w=p["down_scale"], out_dtype=p["dtype"])
     else:
         gu = ops.skinny_gemm(x2, p["gate_up"])
         y = ops.skinny_gemm(ops.swiglu(gu), self.down_proj.weight)
@@ -120,20 +130,12 @@ def _gate_up_fp8(p, q, s):
     return h, hs.view(-1)
 
 
-def _mlp_fp8(mlp, p, q, s):
-    """_gate_up_fp8 -> down GEMM (bf16 out)."""
-    h, hs = _gate_up_fp8(p, q, s)
-    return _ops().skinny_gemm(h, p["down_fp8"], scale_a=hs, scale_w=p["down_scale"], out_dtype=p["dtype"])
-
-
 def _linear_fp8_forward(self, x):
     p = getattr(self, _ATTR)
     if _stock(x, p["max_m"]):
         return p["orig"](x)
-    ops = _ops()
-    rows = x.numel() // x.shape[-1]
-    q, s = ops.quantize_fp8(x.reshape(rows, x.shape[-1]), granularity="token", fp8_format=p["fmt"])
-    y = ops.skinny_gemm(q, p["w"], scale_a=s.view(-1), scale_w=p["scale"], out_dtype=x.dtype)
+    q, s = _quant_rows(_rows(x), p["fmt"])
+    y = _ops().skinny_gemm(q, p["w"], scale_a=s, scale_w=p["scale"], out_dtype=x.dtype)
     if self.bias is not None:
         y = y + self.bias
     return y.view(*x.shape[:-1], y.shape[-1])
@@ -150,11 +152,10 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
     mod = p["fns"]
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
-    rows = hidden_states.numel() // hidden_states.shape[-1]
-    x2 = hidden_states.reshape(rows, hidden_states.shape[-1])
+    x2 = _rows(hidden_states)
     if p["fp8"]:
-        q8, s = pre if pre is not None else ops.quantize_fp8(x2, granularity="token", fp8_format=p["fmt"])
-        qkv = ops.skinny_gemm(q8, p["qkv_fp8"], scale_a=s.view(-1), scale_w=p["qkv_scale"],
+        q8, s = pre if pre is not None else _quant_rows(x2, p["fmt"])
+        qkv = ops.skinny_gemm(q8, p["qkv_fp8"], scale_a=s, scale_w=p["qkv_scale"],
                               out_dtype=hidden_states.dtype)
     else:
         qkv = ops.skinny_gemm(x2, p["qkv"])
@@ -253,12 +254,13 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
                          position_embeddings, **kwargs)
     ops = _ops()
     ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-    rows = hidden_states.numel() // hidden_states.shape[-1]
+    x2 = _rows(hidden_states)
+    rows = x2.shape[0]
     ap = getattr(self.self_attn, _ATTR, None)
     if ap is not None and ap["fp8"] and rows <= ap["max_m"]:
         # FP8 decode with the fused q/k/v GEMM: the input norm writes FP8 rows and their scales, which the GEMM
         # reads directly (no bf16 normalized tensor, no separate quantization)
-        q8, s = ops.rms_norm(hidden_states.reshape(rows, -1), ln1.weight, ln1._rocjit_eps, quant="per_token",
+        q8, s = ops.rms_norm(x2, ln1.weight, ln1._rocjit_eps, quant="per_token",
                              fp8_format=ap["fmt"])
         kwargs[_FP8_INPUT] = (q8, s.view(-1))
         h = hidden_states
@@ -275,13 +277,13 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         return hsum.add_(mlp(normed))
     # decode: the down GEMM adds its result into the residual stream in its epilogue (no separate add)
     if mp["fp8"]:
-        q, s, hsum = ops.rms_norm(hidden_states.reshape(rows, -1), ln2.weight, ln2._rocjit_eps,
-                                  residual=attn.reshape(rows, -1), quant="per_token", fp8_format=mp["fmt"])
+        q, s, hsum = ops.rms_norm(x2, ln2.weight, ln2._rocjit_eps,
+                                  residual=_rows(attn), quant="per_token", fp8_format=mp["fmt"])
         h, hs = _gate_up_fp8(mp, q, s)
         ops.skinny_gemm_residual(h, mp["down_fp8"], hsum, scale_a=hs, scale_w=mp["down_scale"])
         return hsum.view(hidden_states.shape)
-    normed, hsum = ops.rms_norm(hidden_states.reshape(rows, -1), ln2.weight, ln2._rocjit_eps,
-                                residual=attn.reshape(rows, -1))
+    normed, hsum = ops.rms_norm(x2, ln2.weight, ln2._rocjit_eps,
+                                residual=_rows(attn))
     h = ops.swiglu(ops.skinny_gemm(normed, mp["gate_up"]))
     ops.skinny_gemm_residual(h, mlp.down_proj.weight, hsum)
     return hsum.view(hidden_states.shape)
