@@ -31,6 +31,7 @@ import sys
 import time
 
 from rocjit.bench import harness as H
+from rocjit.bench.launch import interleaved
 
 H_405, I_405, QKV_405 = 16384, 6656, 2304
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -41,24 +42,7 @@ def host_us(fns: dict, *, n: int = 200, rounds: int = 15) -> dict:
     """Host µs per call of each callable, back to back without synchronizing (n calls, then a sync outside the
     timed region), interleaved over rounds; median. n is small enough that the launch queue never fills."""
     import torch
-    from rocjit.bench.launch import interleaved
     return interleaved(fns, torch.cuda.synchronize, n=n, rounds=rounds)
-
-
-def wall_us(fn, *, n: int = 50, rounds: int = 9) -> float:
-    """Wall µs per call of back-to-back calls including the final synchronize (what an eager user waits)."""
-    import torch
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) / n * 1e6)
-    return statistics.median(out)
 
 
 def _rel(a, b) -> float:
@@ -434,22 +418,13 @@ def _hf(result, quick):
             stock_mod = getattr(models["stock"].model.layers[0], attr)
             ours_mod = getattr(models["bf16"].model.layers[0], attr)
             ref, got = stock_mod(h), ours_mod(h)
-            t = host_free_wall({"stock": lambda: stock_mod(h), "ours": lambda: ours_mod(h)})
+            t = interleaved({"stock": lambda: stock_mod(h), "ours": lambda: ours_mod(h)}, torch.cuda.synchronize,
+                            n=50, rounds=9, wall=True)
             row = H.add_row(result, case, (1, 4096), "bfloat16", t["ours"], {"stock": t["stock"]}, None,
                             timing="wall per call", rel_err=_rel(got, ref))
             print(row, flush=True)
     del models
     torch.cuda.empty_cache()
-
-
-def host_free_wall(fns: dict, *, n: int = 50, rounds: int = 9) -> dict:
-    """Wall µs per call of back-to-back calls including the final synchronize, the callables interleaved round by
-    round; median."""
-    out = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            out[k].append(wall_us(fn, n=n, rounds=1))
-    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def run(argv) -> dict:

@@ -47,9 +47,10 @@ def host_us_per_call(fn, sync, *, n: int = 2000, reps: int = 15) -> float:
     return interleaved({"x": fn}, sync, n=n, rounds=reps)["x"]
 
 
-def interleaved(fns: dict, sync, *, n: int = 1000, rounds: int = 21) -> dict:
+def interleaved(fns: dict, sync, *, n: int = 1000, rounds: int = 21, wall: bool = False) -> dict:
     """Host µs per call of each candidate, measured in rotation (round r times every candidate once, in a shifted
-    order) so clock ramps and queue state do not favour whoever runs first; median over rounds."""
+    order) so clock ramps and queue state do not favour whoever runs first; median over rounds. wall: the
+    synchronize after the n calls is inside the timed region (what an eager user waits per call)."""
     names = list(fns)
     for f in fns.values():
         for _ in range(200):
@@ -63,6 +64,8 @@ def interleaved(fns: dict, sync, *, n: int = 1000, rounds: int = 21) -> dict:
             t = time.perf_counter()
             for _ in range(n):
                 f()
+            if wall:
+                sync()
             samples[k].append((time.perf_counter() - t) / n * 1e6)
             sync()
     return {k: statistics.median(v) for k, v in samples.items()}
