@@ -279,7 +279,7 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 #else
     (void)c; (void)a; (void)b; (void)sa; (void)sb; (void)M; (void)N; (void)K; (void)lda; (void)ldb; (void)ldc;
     (void)sa_m; (void)sa_k; (void)sb_n; (void)sb_k;
-    __builtin_trap();      // wgmma needs sm_90a: the host never launches this elsewhere
+    unsupported_on_target();   // wgmma needs sm_90a: the host never launches this elsewhere
 #endif
 }
 

@@ -683,7 +683,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
                 for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
     }
 #else
-    __builtin_trap();   // built for NVIDIA sm_90+ only; the host picks skinny_gemm_kernel elsewhere
+    rocjit::unsupported_on_target();   // built for NVIDIA sm_90+ only; the host picks skinny_gemm_kernel elsewhere
 #endif
 }
 

@@ -46,3 +46,17 @@ def test_skinny_gemm_uses_matrix_cores_on_mi300_and_mi355(report):
     for t in ("gfx942", "gfx950", "sm_90a"):
         rows = [r for r in doc["rows"] if r["file"] == "skinny_gemm.hip" and r["target"] == t]
         assert any(int(r["matrix"]) > 0 for r in rows), t
+
+
+def test_library_builds_for_ada_and_the_non_fp8_kernels_for_ampere(tmp_path):
+    """NVRTC alone (no AMD toolchain needed): every checked kernel builds for sm_89 (L40S, RTX 4090), and the
+    skinny GEMM's bf16 / fp16 kernels for sm_80 (A100: its FP8 products take the portable kernel)."""
+    out = tmp_path / "sm89.json"
+    rc = check.main(["--target", "sm_89", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["failures"] == [] and doc["rows"]
+    src = check.default_files()[0].parent / "skinny_gemm.hip"
+    names = [n for n in check.name_expressions(src.read_text()) if "e4m3" not in n]
+    assert len(names) >= 4
+    co = check._direct_compile(src, "sm_80", [], names)
+    assert co.binary

@@ -71,13 +71,5 @@ ROCJIT_INLINE float split_reduce(float v, float* partials, int lane, int wave) {
     return group_reduce<Op>(r);
 }
 
-// Stop a kernel instantiated for a feature this target lacks.
-ROCJIT_INLINE void unsupported_on_target() {
-#if ROCJIT_NVIDIA
-    __trap();
-#else
-    __builtin_trap();
-#endif
-}
 
 }  // namespace rocjit

@@ -62,7 +62,7 @@ ROCJIT_INLINE void mma(float (&c)[kAcc], const frag_a& a, const frag_b& b) {
                  : "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7])
                  : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2]), "r"(b.r[3]));
 #else
-    __builtin_trap();
+    unsupported_on_target();
 #endif
 }
 
@@ -107,7 +107,7 @@ ROCJIT_INLINE void mma(float (&c)[kAcc], const frag_a& a, const frag_b& b) {
     acc = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(av, bv, acc, 0, 0, 0);
     c[0] = acc[0]; c[1] = acc[1]; c[2] = acc[2]; c[3] = acc[3];
 #else
-    __builtin_trap();
+    unsupported_on_target();
 #endif
 }
 

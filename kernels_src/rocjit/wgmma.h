@@ -97,7 +97,7 @@ ROCJIT_INLINE void mma_m64n64k32(float (&d)[32], unsigned long long desc_a, unsi
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
     (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
-    __builtin_trap();
+    unsupported_on_target();
 #endif
 }
 
@@ -123,7 +123,7 @@ ROCJIT_INLINE void mma_m64n128k32(float (&d)[64], unsigned long long desc_a, uns
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
     (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
-    __builtin_trap();
+    unsupported_on_target();
 #endif
 }
 
@@ -161,7 +161,7 @@ ROCJIT_INLINE void mma_m64n256k32(float (&d)[128], unsigned long long desc_a, un
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
     (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
-    __builtin_trap();
+    unsupported_on_target();
 #endif
 }
 
