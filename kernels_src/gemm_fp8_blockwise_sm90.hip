@@ -80,7 +80,7 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
     static_assert(BM * (BN + 1) * 4 <= L::kTiles, "the epilogue tile reuses the ring");
     static_assert(BM * 8 % kCopyThreads == 0 && BN * 8 % kCopyThreads == 0, "copies split evenly");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024u - (wgmma::smem_u32(smem_raw) & 1023u)) & 1023u);
+    unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     float* scales = reinterpret_cast<float*>(smem + L::kTiles);
     unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + L::kTiles + L::kScales);
     unsigned long long* empty = full + STAGES;
@@ -141,18 +141,18 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
     if constexpr (WS) {
         if (threadIdx.x == 0) {
             for (int s = 0; s < STAGES; ++s) {
-                wgmma::mbar_init(&full[s], 128);
-                wgmma::mbar_init(&empty[s], kConsumers * 4);
+                mbar_init(&full[s], 128);
+                mbar_init(&empty[s], kConsumers * 4);
             }
-            wgmma::mbar_init_fence();
+            mbar_init_fence();
         }
         __syncthreads();
         if (cg < 0) {                       // the copy warpgroup: fill the ring, then leave
             for (int kb = 0; kb < kblocks; ++kb) {
                 const int s = kb % STAGES, round = kb / STAGES;
-                if (round > 0) wgmma::mbar_wait(&empty[s], (round - 1) & 1);
+                if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
                 load_stage(s, kb, threadIdx.x);
-                wgmma::cp_async_arrive(&full[s]);
+                cp_async_arrive(&full[s]);
             }
             mma8::copy_wait<0>();
             return;
@@ -168,8 +168,8 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
     }
 
     auto mma_half = [&](int s, int h) {
-        const unsigned long long da = wgmma::desc_sw128(wgmma::smem_u32(stage_a(s) + cg * 64 * kRow));
-        const unsigned long long db = wgmma::desc_sw128(wgmma::smem_u32(stage_b(s) + h * 128 * kRow));
+        const unsigned long long da = wgmma::desc_sw128(smem_u32(stage_a(s) + cg * 64 * kRow));
+        const unsigned long long db = wgmma::desc_sw128(smem_u32(stage_b(s) + h * 128 * kRow));
         wgmma::fence_operands(part);
         wgmma::fence();
 #pragma unroll
@@ -231,7 +231,7 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
     } else {
         for (int kb = 0; kb < kblocks; ++kb) {
             const int s = kb % STAGES, round = kb / STAGES;
-            wgmma::mbar_wait(&full[s], round & 1);
+            mbar_wait(&full[s], round & 1);
             wgmma::fence_proxy_async();
 #pragma unroll
             for (int h = 0; h < kHalves; ++h) {
@@ -240,7 +240,7 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
                 promote(s, acc[h], h);      // reads the stage's scales: release the stage after
             }
             __syncwarp();
-            if (lane == 0) wgmma::mbar_arrive(&empty[s]);
+            if (lane == 0) mbar_arrive(&empty[s]);
         }
     }
     // the ring is free (every copy landed, every wgmma finished): it holds the output tile now

@@ -27,6 +27,7 @@
 #include "rocjit/types.h"   // __half / __hip_bfloat16 on every compiler (hipRTC included)
 #include "rocjit/fp8.h"
 #include "rocjit/stream.h"  // read-once weight loads, programmatic dependent launch
+#include "rocjit/mbarrier.h"  // the stream kernel's copy / multiply pipeline
 
 // The weight stream's load hint (rocjit/stream.h: 0 no L1 allocation, 1 / 2 + L2 prefetch of 128 / 256
 // bytes, 3 evict-first, 4 = 2 + L2 evict-first policy); -D overrides it for experiments. H100, FP8
@@ -442,42 +443,23 @@ __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* out,
 
 namespace skinny {
 #if defined(SKINNY_ASYNC)
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-    asm volatile(
-        "{\n .reg .pred done;\n"
-        "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra WAIT_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
-}
 // 16 bytes global -> shared through the async copy unit (no registers held while in flight);
 // src_bytes 0 writes zeros (rows past N, k past K). The L2 hint marks streamed weights evict-first.
 __device__ __forceinline__ void async_copy16(void* dst, const void* src, unsigned src_bytes, unsigned long long policy) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
+                 :: "r"(rocjit::smem_u32(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
 }
 // The weights' copy: with SKINNY_STREAM_PF 256 (128) L2 also fetches the surrounding 256 (128) bytes.
 __device__ __forceinline__ void async_copy16_w(void* dst, const void* src, unsigned src_bytes, unsigned long long policy) {
 #if SKINNY_STREAM_PF == 256
     asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
+                 :: "r"(rocjit::smem_u32(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
 #elif SKINNY_STREAM_PF == 128
     asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
+                 :: "r"(rocjit::smem_u32(dst)), "l"(src), "r"(src_bytes), "l"(policy) : "memory");
 #else
     async_copy16(dst, src, src_bytes, policy);
 #endif
-}
-// Arrive on `bar` once all of this thread's earlier async copies have landed (counted in the init count).
-__device__ __forceinline__ void async_copies_arrive(unsigned long long* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_addr(bar)) : "memory");
 }
 __device__ __forceinline__ unsigned long long evict_first_policy() {
     unsigned long long p;
@@ -541,8 +523,8 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
         *reinterpret_cast<uint4*>(smem + st * kStage + (kRows + M) * kPitch + r * 16) = make_uint4(0, 0, 0, 0);
     }
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) { mbar_init(&full[s], PW * 32); mbar_init(&empty[s], CW); }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < STAGES; ++s) { rocjit::mbar_init(&full[s], PW * 32); rocjit::mbar_init(&empty[s], CW); }
+        rocjit::mbar_init_fence();
     }
     __syncthreads();
 
@@ -559,7 +541,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
             const int i = (int)(f - begin), s = i % STAGES;
             const int tile = (int)(f / nk);
             const long long k0 = (f % nk) * (long long)BK;
-            mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);
+            rocjit::mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);
             unsigned char* st = smem + s * kStage;
             const unsigned char* wsrc = reinterpret_cast<const unsigned char*>(w) + (size_t)tile * kRows * kbytes + k0;
             const int rows = min(kRows, N - tile * kRows);
@@ -590,7 +572,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
                 async_copy16(st + (kRows + m) * kPitch + col, live ? asrc + (size_t)m * kbytes + col : asrc - k0, live ? 16u : 0u,
                              apol);
             }
-            async_copies_arrive(&full[s]);
+            rocjit::cp_async_arrive(&full[s]);
         }
         return;
     }
@@ -609,7 +591,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
     for (long long f = begin; f < end; ++f) {
         const int i = (int)(f - begin), s = i % STAGES;
         const int tile = (int)(f / nk), kc = (int)(f % nk);
-        mbar_wait(&full[s], (i / STAGES) & 1);
+        rocjit::mbar_wait(&full[s], (i / STAGES) & 1);
         const unsigned char* st = smem + s * kStage;
         const unsigned char* wbase = st + (16 * MT * warp + g) * kPitch + c * 16;
         const unsigned char* abase = st + (kRows + g) * kPitch + c * 16;
@@ -628,7 +610,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
                 for (int j = 0; j < NT; ++j) mma_chunk<E>(acc[t][j], wv[t], av[j]);
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
+        if (lane == 0) rocjit::mbar_arrive(&empty[s]);
 
         if (kc != nk - 1 && f != end - 1) continue;       // tile segment goes on
         // ---- end of this block's segment of `tile` ----

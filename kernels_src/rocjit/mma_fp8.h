@@ -30,8 +30,6 @@ constexpr int kAcc = 8;          // fp32 accumulators per lane per 16 x 16 tile 
 struct frag_a { unsigned r[4]; };
 struct frag_b { unsigned r[4]; };   // r[0..1]: columns 0..7, r[2..3]: columns 8..15
 
-ROCJIT_INLINE unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
 ROCJIT_INLINE void ldsm_x4(unsigned (&r)[4], const unsigned char* p) {
 #if ROCJIT_HAS_MMA_FP8
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -23,6 +23,7 @@
 // Elsewhere (other NVIDIA architectures, AMD) ROCJIT_HAS_WGMMA is 0 and the functions trap.
 #pragma once
 #include "rocjit/platform.h"
+#include "rocjit/mbarrier.h"   // the copy / multiply pipeline's barriers
 
 #if ROCJIT_NVIDIA && ROCJIT_SM >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ROCJIT_HAS_WGMMA 1
@@ -183,47 +184,6 @@ template <int ID, int THREADS> ROCJIT_INLINE void bar_sync() {
     asm volatile("bar.sync %0, %1;" :: "n"(ID), "n"(THREADS) : "memory");
 #else
     __syncthreads();
-#endif
-}
-
-// ----------------------------------------------------------------------------- mbarriers (shared::cta)
-ROCJIT_INLINE unsigned smem_u32(const void* p) {
-#if ROCJIT_NVIDIA
-    return (unsigned)__cvta_generic_to_shared(p);
-#else
-    return (unsigned)(unsigned long long)p;
-#endif
-}
-
-ROCJIT_INLINE void mbar_init(unsigned long long* bar, unsigned count) {
-#if ROCJIT_HAS_WGMMA
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
-#endif
-}
-// mbarrier inits visible to the other threads (and the async proxy) of the block; follow with a barrier.
-ROCJIT_INLINE void mbar_init_fence() {
-#if ROCJIT_HAS_WGMMA
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-ROCJIT_INLINE void mbar_arrive(unsigned long long* bar) {
-#if ROCJIT_HAS_WGMMA
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(bar)) : "memory");
-#endif
-}
-// Wait for the phase of parity `parity` to complete.
-ROCJIT_INLINE void mbar_wait(unsigned long long* bar, unsigned parity) {
-#if ROCJIT_HAS_WGMMA
-    asm volatile(
-        "{\n .reg .pred done;\n"
-        "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra WAIT_%=;\n}" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
-#endif
-}
-// Arrive on `bar` once every earlier cp.async of this thread has landed (counted in the barrier's init count).
-ROCJIT_INLINE void cp_async_arrive(unsigned long long* bar) {
-#if ROCJIT_HAS_WGMMA
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_u32(bar)) : "memory");
 #endif
 }
 
