@@ -27,6 +27,7 @@
 #include "rocjit/types.h"   // __half / __hip_bfloat16 on every compiler (hipRTC included)
 #include "rocjit/fp8.h"
 #include "rocjit/stream.h"  // read-once weight loads, programmatic dependent launch
+#include "rocjit/device.h"
 #include "rocjit/mbarrier.h"  // the stream kernel's copy / multiply pipeline
 
 // The weight stream's load hint (rocjit/stream.h: 0 no L1 allocation, 1 / 2 + L2 prefetch of 128 / 256

@@ -3,7 +3,7 @@
 // barrier instead of a second launch. Other targets have no clusters: ROCJIT_HAS_CLUSTERS is 0
 // there, kernels keep kSplit == 1, and a kSplit > 1 instantiation traps (the ops never pick it).
 #pragma once
-#include "rocjit/platform.h"
+#include "rocjit/device.h"
 #include "rocjit/warp.h"
 
 // Kernels declare their cluster shape as `__global__ void __attribute__((ROCJIT_CLUSTER_DIMS(n))) name(...)`:

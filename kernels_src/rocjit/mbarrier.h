@@ -6,7 +6,7 @@
 // Elsewhere (older NVIDIA architectures, AMD) the functions compile to nothing: no kernel that reaches them
 // is launched there.
 #pragma once
-#include "rocjit/platform.h"
+#include "rocjit/device.h"
 
 #if ROCJIT_NVIDIA && ROCJIT_SM >= 900
 #define ROCJIT_HAS_MBARRIER 1

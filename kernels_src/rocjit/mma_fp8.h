@@ -8,7 +8,7 @@
 // ldmatrix (or a 16-lane group) reads hit different banks.
 // Targets without an FP8 matrix instruction (gfx90a, sm < 89) compile the same code with a trap.
 #pragma once
-#include "rocjit/platform.h"
+#include "rocjit/device.h"
 
 #if (ROCJIT_NVIDIA && ROCJIT_SM >= 890) || ROCJIT_GFX942 || ROCJIT_GFX950
 #define ROCJIT_HAS_MMA_FP8 1

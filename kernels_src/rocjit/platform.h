@@ -56,24 +56,6 @@
 namespace rocjit {
 constexpr int kWaveSize = ROCJIT_WAVE_SIZE;
 
-// The 32-bit shared-window address of a pointer into shared memory (what PTX's .shared operands take).
-ROCJIT_INLINE unsigned smem_u32(const void* p) {
-#if ROCJIT_NVIDIA
-    return (unsigned)__cvta_generic_to_shared(p);
-#else
-    return (unsigned)(unsigned long long)p;
-#endif
-}
-
-// Stop a kernel instantiated for a feature this target lacks (NVRTC has no __builtin_trap).
-ROCJIT_INLINE void unsupported_on_target() {
-#if ROCJIT_NVIDIA
-    __trap();
-#else
-    __builtin_trap();
-#endif
-}
-
 // (a & b) | c as one instruction: NVIDIA's lop3 (the compiler may otherwise split it in two when
 // both b and c are constants); AMD's v_and_or_b32 comes from the plain expression.
 ROCJIT_INLINE unsigned and_or(unsigned a, unsigned b, unsigned c) {

@@ -22,7 +22,7 @@
 //   accumulators may be read and the shared memory they read may be overwritten.
 // Elsewhere (other NVIDIA architectures, AMD) ROCJIT_HAS_WGMMA is 0 and the functions trap.
 #pragma once
-#include "rocjit/platform.h"
+#include "rocjit/device.h"
 #include "rocjit/mbarrier.h"   // the copy / multiply pipeline's barriers
 
 #if ROCJIT_NVIDIA && ROCJIT_SM >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
