@@ -31,11 +31,13 @@
 #include "rocjit/mbarrier.h"  // the stream kernel's copy / multiply pipeline
 
 // The weight stream's load hint (rocjit/stream.h: 0 no L1 allocation, 1 / 2 + L2 prefetch of 128 / 256
-// bytes, 3 evict-first, 4 = 2 + L2 evict-first policy); -D overrides it for experiments. H100, FP8
-// 13312 x 16384, M = 1: 86 us with 0 or 3, 78 us with 1 or 2 (the 64-byte row pieces a warp asks for
-// become 256-byte DRAM reads); 4 varied from config to config. bf16 gained as much.
+// bytes, 3 evict-first, 4 = 2 + L2 evict-first policy); a config's "hint" (rocjit/ops/_gemm.py) or -D
+// overrides it. H100, FP8 13312 x 16384, M = 1, alone: 86 us with 0 or 3, 78 us with 1 or 2 (the 64-byte
+// row pieces a warp asks for become 256-byte DRAM reads). Inside a model the prefetch alone is not enough:
+// after a cuBLAS GEMM in the same stream, hint 2 ran 20-32% slower at every weight of 50 MB or more (bf16
+// 28672 x 4096, M = 1: 112 us against 82 alone), hint 4 as fast as alone (80 us) -- so 4 is the default.
 #ifndef SKINNY_W_HINT
-#define SKINNY_W_HINT 2
+#define SKINNY_W_HINT 4
 #endif
 // Programmatic dependent launch (sm_90+), SKINNY_PDL=1: each block lets the next kernel be scheduled at
 // once and issues its first weight loads before grid_dependency_wait, which comes before it reads

@@ -109,7 +109,7 @@ def _epilogue_cases():
 
 
 def _record_all(monkeypatch, M, N, K, inter):
-    monkeypatch.setattr(G, "_kernel", lambda src, name: name)
+    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): name)
     monkeypatch.setattr(G, "_stream_buffers", lambda device, tiles, ws: (torch.zeros(max(tiles, 16), dtype=torch.int32),
                                                                          torch.empty(ws)))
     rec = _Recorder()

@@ -48,7 +48,7 @@ def test_programmatic_launch_hooks_build_everywhere(target):
 
 def test_minb_reaches_the_kernel_name_on_nvidia_only(monkeypatch):
     names = []
-    monkeypatch.setattr(G, "_kernel", lambda src, name: names.append(name) or name)
+    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): names.append(name) or name)
 
     class Rec:
         def launch(self, *a, **k):
@@ -74,9 +74,39 @@ def test_minb_reaches_the_kernel_name_on_nvidia_only(monkeypatch):
                                          (32, 13312, 16384, "float8_e4m3fn")])
 def test_h100_shipped_skinny_configs_are_candidates(M, N, K, dtype):
     eb = 1 if dtype.startswith("float8") else 2
-    cands = G.stream_candidates(M, N, K, 132, eb) + G.mma_candidates(M, N, K, 132, eb)
+    cands = G.stream_candidates(M, N, K, 132, eb) + G.mma_candidates(M, N, K, 132, eb, "sm_90a")
     bucket = tune.bucket(m=M, n=N, k=K)
     rec = tune.shipped_defaults().get("|".join(("skinny_gemm", bucket, dtype, H100)))
     assert rec is not None, bucket
     builtin = {"path": "none"}
     assert tune.default_config("skinny_gemm", bucket, dtype, H100, cands, builtin) == rec["config"]
+
+
+def test_load_hint_is_a_tuning_dimension_only_for_small_weights_on_nvidia():
+    """Weights of SMALL_WEIGHT_BYTES or more always stream with the kernel's default hint (the one that keeps its
+    speed inside a model); smaller ones are also timed with ALT_HINT; AMD has one load kind, so no duplicates."""
+    small = G.mma_candidates(1, 2304, 16384, 132, 1, "sm_90a")          # 37.7 MB of FP8
+    plain = [c for c in small if "hint" not in c]
+    assert plain and [dict(c, hint=G.ALT_HINT) for c in plain] == [c for c in small if "hint" in c]
+    assert plain == G.mma_candidates(1, 2304, 16384, 132, 1)             # no target: no hint variants
+    assert not any("hint" in c for c in G.mma_candidates(1, 28672, 4096, 132, 2, "sm_90a"))     # 235 MB
+    assert not any("hint" in c for c in G.mma_candidates(1, 2304, 16384, 304, 1, "gfx942"))
+
+
+def test_a_configs_hint_compiles_its_own_module(monkeypatch):
+    seen = []
+    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): seen.append((name, defines)) or name)
+
+    class Rec:
+        def launch(self, *a, **k):
+            pass
+
+    a = torch.zeros(1, 256).to(torch.float8_e4m3fn)
+    w = torch.zeros(64, 256).to(torch.float8_e4m3fn)
+    out = torch.empty(1, 64, dtype=torch.bfloat16)
+    cfg = {"path": "mma", "mt": 1, "warps_k": 4, "unroll": 2, "splits": 1}
+    G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, "sm_90a", 32, Rec())
+    G.launch_mma(a, w, out, None, None, 1, 64, 256, dict(cfg, hint=2), "sm_90a", 32, Rec())
+    assert seen[0][1] == () and seen[1][1] == (("SKINNY_W_HINT", "2"),) and seen[0][0] == seen[1][0]
+    from rocjit.ops import _common as C
+    assert C.module(G.SRC, seen[1][1]).defines == {"SKINNY_W_HINT": "2"} and C.module(G.SRC).defines == {}

@@ -279,10 +279,10 @@ def compiling() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def module(filename: str):
-    """The library's kernel source as a rocjit.Module (one per file)."""
+def module(filename: str, defines: tuple = ()):
+    """The library's kernel source as a rocjit.Module (one per file and tuple of (name, value) defines)."""
     from rocjit.kernel import Module
-    return Module(filename)
+    return Module(filename, defines=dict(defines))
 
 
 def ceil_div(a: int, b: int) -> int:

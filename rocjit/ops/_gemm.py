@@ -40,8 +40,8 @@ def has_epilogue_path(target: str, fp8: bool) -> bool:
     return has_matrix_path(target, fp8) or target.startswith("gfx90a")
 
 
-def _kernel(src: str, name: str):
-    return C.module(src)[name]
+def _kernel(src: str, name: str, defines: tuple = ()):
+    return C.module(src, defines)[name]
 
 
 # ----------------------------------------------------------------------------- type names
@@ -81,10 +81,27 @@ _MMA_SHAPES = ((1, 8, 2), (2, 4, 2), (2, 8, 2), (1, 4, 4), (1, 4, 2))
 _SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
-def mma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
+# The weight loads' L2 policy (SKINNY_W_HINT in skinny_gemm.hip, rocjit/stream.h). The kernel's default, 4
+# (256-byte L2 prefetch, evict-first), is the one that holds its speed inside a model: on an H100, after a cuBLAS
+# GEMM in the same stream, hint 2 (the same prefetch, default policy) ran 20-32% slower at every weight of 50 MB or
+# more (bf16 28672 x 4096: 112 us against 80), while hint 4 ran as fast as alone. Alone, at weights smaller than
+# the L2, hint 2 could still win (FP8 2304 x 16384: 18.7 us against 20.9; both ~20 us after cuBLAS), so there the
+# tuner also times it (config key "hint").
+SMALL_WEIGHT_BYTES = 48 << 20
+ALT_HINT = 2
+
+
+def hint_defines(cfg: dict) -> tuple:
+    """The compile-time defines of a config's weight-load hint (none for the kernel's default)."""
+    h = cfg.get("hint")
+    return (("SKINNY_W_HINT", str(int(h))),) if h is not None else ()
+
+
+def mma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2, target: str = "") -> list[dict]:
     """Matrix-core configs worth timing: rows per warp (MT tiles of 16), warps splitting K in a block,
     k-blocks in flight, and grid split-K (fills the GPU at small N and evens out the last wave; the
-    fp32 partials cost splits * M * N * 8 bytes of traffic)."""
+    fp32 partials cost splits * M * N * 8 bytes of traffic). On NVIDIA, weights smaller than
+    SMALL_WEIGHT_BYTES are also tried with the ALT_HINT load policy."""
     out = []
     nkb = -(-K * elem_bytes // 64)                      # 64-byte k-blocks per row
     for mt, wk, un in _MMA_SHAPES:
@@ -94,6 +111,8 @@ def mma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> lis
                                or splits * M * N * 8 > 0.1 * N * K * elem_bytes):
                 continue
             out.append({"path": "mma", "mt": mt, "warps_k": wk, "unroll": un, "splits": splits})
+    if target.startswith("sm_") and N * K * elem_bytes < SMALL_WEIGHT_BYTES:
+        out += [dict(c, hint=ALT_HINT) for c in out]
     return out
 
 
@@ -180,7 +199,7 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
     minb = cfg.get("minb", 0) if target.startswith("sm_") else 0
     name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {minb}, {ep}>"
     grid = (-(-N // (16 * mt)), splits)
-    k = _kernel(SRC, name)
+    k = _kernel(SRC, name, hint_defines(cfg))
     if splits == 1:
         call.launch(k, grid, wk * wave, a, w, out, None, residual, out_scale, scale_a, scale_w, modes, M, N, K,
                     kb_per_split, ldo)

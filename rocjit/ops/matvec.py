@@ -36,7 +36,7 @@ def _candidates(kind: str, B: int, N: int, K: int, target: str, sms: int) -> tup
     if kind in ("f16", "bf16") and G.has_matrix_path(target, fp8=False):
         # the streamed kernel never beat the portable one at B = 1 (H100 sweep); it can at B > 1
         stream = G.stream_candidates(B, N, K, sms) if B > 1 and G.has_stream_path(target) else []
-        return portable + G.mma_candidates(B, N, K, sms) + stream, default
+        return portable + G.mma_candidates(B, N, K, sms, 2, target) + stream, default
     return portable, default
 
 

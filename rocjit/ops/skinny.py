@@ -88,7 +88,7 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
     eb = a.element_size()
     fused = ep != EP_STORE
     if has_matrix_path(target, fp8) or (fused and has_epilogue_path(target, fp8)):
-        cands, default = mma_candidates(M, N, K, sms, eb), mma_default(M, N, K, sms, eb)
+        cands, default = mma_candidates(M, N, K, sms, eb, target), mma_default(M, N, K, sms, eb)
         if has_stream_path(target):                  # a and w are 16-byte aligned (aligned_operands)
             cands = stream_candidates(M, N, K, sms, eb) + cands
     elif fused:

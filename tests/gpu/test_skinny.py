@@ -38,7 +38,7 @@ def test_every_config_matches_reference(dt, M, K):
     a, w, sa, sw, ref, od, tol = _case(dt, M, N, K, seed=M * 7 + K)
     target, _, sms = skinny._device(0)
     wave = 32 if target.startswith("sm_") else 64
-    cfgs = skinny.mma_candidates(M, N, K, sms, a.element_size()) if skinny.has_matrix_path(target, dt == F8) else []
+    cfgs = skinny.mma_candidates(M, N, K, sms, a.element_size(), target) if skinny.has_matrix_path(target, dt == F8) else []
     if cfgs and skinny.has_stream_path(target):
         cfgs += skinny.stream_candidates(M, N, K, sms, a.element_size())
     cfgs += skinny.portable_candidates(M)[:1]
