@@ -81,8 +81,10 @@ def _check(a, w, scale_a, scale_w, out_dtype, out):
 def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=None, out_scale=None,
                op_name="skinny_gemm"):
     """The tuned (or default) config of this problem and run(cfg, w=w, call=UNRECORDED) that launches it.
-    A fused epilogue `ep` (see _gemm.launch_mma) runs on the matrix-core kernels only; it shares the plain
-    GEMM's tuning (same main loop), and tuning a residual epilogue writes a scratch output, never `residual`."""
+    A fused epilogue `ep` (see _gemm.launch_mma) runs on the matrix-core kernels only. It is tuned on its own
+    (key skinny_gemm_residual / skinny_gemm_swiglu: the best plain config is not always the best fused one), with
+    the plain GEMM's shipped default as its default; tuning a residual epilogue writes a scratch output, never
+    `residual`."""
     target, devname, sms = G._device(a.device.index or 0)
     wave = targets.wave_size(target)
     eb = a.element_size()
@@ -123,8 +125,12 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
             return launch(cfg, w, UNRECORDED, scratch[0])
         return run(cfg, w)
 
-    cfg = G.tuned("skinny_gemm", bucket=G.tune.bucket(m=M, n=N, k=K), dtype=str(a.dtype).replace("torch.", ""),
-                  device=devname, candidates=cands, default=default, run=tune_run, w=w)
+    bucket, dtype = G.tune.bucket(m=M, n=N, k=K), str(a.dtype).replace("torch.", "")
+    key = "skinny_gemm" if not fused else "skinny_gemm_residual" if ep == EP_RESIDUAL else "skinny_gemm_swiglu"
+    if fused:
+        default = G.tune.default_config("skinny_gemm", bucket, dtype, devname, cands, default)
+    cfg = G.tuned(key, bucket=bucket, dtype=dtype, device=devname, candidates=cands, default=default, run=tune_run,
+                  w=w)
     return cfg, run
 
 
