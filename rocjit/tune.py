@@ -201,9 +201,8 @@ def default_config(op: str, bucket_: str, dtype: str, device: str, candidates: S
 
 
 def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candidates: Sequence[dict],
-         default: dict | Callable[[], dict], bench: Callable[[dict], float], progress: bool = True) -> dict:
+         default: dict, bench: Callable[[dict], float], progress: bool = True) -> dict:
     """The config to run `op` with. `bench(cfg)` returns seconds (lower wins; raise to reject a config).
-    `default` (or default(), called only when needed) is the built-in config when nothing is shipped for the key.
 
     Looks in this process's memory, then the tuning file; tunes and persists on a miss, except when
     autotuning is off or a graph is being captured (then the shipped / built-in default is used)."""
@@ -220,8 +219,9 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
         with _lock:
             _memory[key] = dict(rec["config"])
         return dict(rec["config"])
-    if not enabled() or capturing():        # not remembered: a later eager call may still tune
-        return default_config(op, bucket, dtype, device, candidates, default() if callable(default) else default)
+    fallback = default_config(op, bucket, dtype, device, candidates, default)
+    if not enabled() or capturing():
+        return fallback        # not remembered: a later eager call may still tune
     with _key_lock(key):
         rec = load_entries().get(key)                    # another process may have tuned it while we waited
         if isinstance(rec, dict) and _valid(rec.get("config"), candidates):

@@ -74,16 +74,6 @@ def test_autotune_off_uses_builtin_then_shipped_default(tdir, monkeypatch):
     assert calls == [] and not (tdir / "tune.json").exists()
 
 
-def test_callable_default_is_called_only_when_no_tuning_happens(tdir, monkeypatch):
-    asked = []
-    lazy = lambda: asked.append(1) or {"tile": 4}  # noqa: E731
-    assert pick(fake_bench({1: 1.0, 2: 2.0, 4: 3.0}, []), default=lazy) == {"tile": 1}      # tuned: not asked
-    assert asked == []
-    monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")
-    tune.clear_memory()
-    assert pick(fake_bench({}, []), default=lazy, bucket="m2_n1024") == {"tile": 4} and asked == [1]
-
-
 def test_shipped_default_not_a_candidate_is_ignored(tdir, monkeypatch):
     monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")
     (tdir / "shipped.json").write_text(json.dumps(

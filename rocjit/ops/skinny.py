@@ -17,7 +17,6 @@ Fused epilogues (one launch; same main loop, configs and tuning as skinny_gemm):
     y = rocjit.ops.skinny_gemm_residual(h, w_down, residual, scale_a=s_h, scale_w=s_d)
     #   residual += h W_down^T in place (fp32 accumulation, one rounding), or into out=
 """
-import functools
 from typing import Optional
 
 from rocjit import targets
@@ -128,8 +127,8 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
 
     bucket, dtype = G.tune.bucket(m=M, n=N, k=K), str(a.dtype).replace("torch.", "")
     key = "skinny_gemm" if not fused else "skinny_gemm_residual" if ep == EP_RESIDUAL else "skinny_gemm_swiglu"
-    if fused:       # nothing shipped for the fused key: the plain GEMM's shipped config (looked up on a miss only)
-        default = functools.partial(G.tune.default_config, "skinny_gemm", bucket, dtype, devname, cands, default)
+    if fused:
+        default = G.tune.default_config("skinny_gemm", bucket, dtype, devname, cands, default)
     cfg = G.tuned(key, bucket=bucket, dtype=dtype, device=devname, candidates=cands, default=default, run=tune_run,
                   w=w)
     return cfg, run
