@@ -44,11 +44,6 @@ from rocjit.ops._op import UNRECORDED, op
 
 SRC = "gemm_fp8_blockwise.hip"
 SRC_SM90 = "gemm_fp8_blockwise_sm90.hip"
-
-
-def sm90_enabled() -> bool:
-    """Whether the op offers the wgmma kernel on sm_90a (ROCJIT_GEMM_FP8_SM90=0: only the mma.sync kernel)."""
-    return os.environ.get("ROCJIT_GEMM_FP8_SM90", "1") != "0"
 BLOCK = 128
 LAYOUTS = ("NT", "NN", "TN")
 NAME = "gemm_fp8_blockwise"
@@ -60,6 +55,11 @@ _TILES = ((128, 128, 2, 4), (128, 64, 4, 2), (64, 128, 2, 2), (64, 64, 2, 2))
 
 # sm_90a wgmma kernel: (BM, BN, stages, warp-specialized); BM = 64 rows per consumer warpgroup
 _SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), (64, 128, 4, False))
+
+
+def sm90_enabled() -> bool:
+    """Whether the op offers the wgmma kernel on sm_90a (ROCJIT_GEMM_FP8_SM90=0: only the mma.sync kernel)."""
+    return os.environ.get("ROCJIT_GEMM_FP8_SM90", "1") != "0"
 
 
 def _stage_bytes(bm: int, bn: int) -> int:
