@@ -5,9 +5,13 @@
 //   amax_kernel:         per-block partial maxima of |x| for the dynamic per-tensor scale
 //   quant_blocks_kernel: 1x128 row blocks, 128x1 column blocks, 128x128 tiles, or 1x128 and
 //                        128x1 together from ONE read of x (the "dual" quantization)
+// Every kernel here waits for the kernel ahead of it before touching memory (grid_dependency_sync):
+// rocjit may launch them to overlap that kernel's tail (programmatic dependent launch, sm_90+).
+// rocjit:pdl
 #include <hip/hip_runtime.h>
 #include "rocjit/chunk.h"
 #include "rocjit/warp.h"
+#include "rocjit/stream.h"
 
 using namespace rocjit;
 
@@ -18,6 +22,7 @@ __launch_bounds__(kBlock) __global__ void quant_rows_kernel(unsigned char* q, fl
                                                             const float* scale_in, int rows, int hidden,
                                                             int tiles_per_row, int num_partials) {
     static_assert(kRowThreads <= kWaveSize || kRowThreads == kBlock, "a row spans a wave or the whole block");
+    grid_dependency_sync();
     constexpr int kGroupsPerBlock = kBlock / kRowThreads;
     __shared__ float scratch[1024 / kWaveSize];
     float out_mul = 1.0f;
@@ -70,6 +75,7 @@ __launch_bounds__(kBlock) __global__ void quant_rows_kernel(unsigned char* q, fl
 // Partial maxima of |x| over a flat tensor of n elements, one per block.
 template <class T, int kBlock, bool kAligned>
 __launch_bounds__(kBlock) __global__ void amax_kernel(float* partials, const T* x, long long n) {
+    grid_dependency_sync();
     __shared__ float scratch[1024 / kWaveSize];
     float m = 0.0f;
     const long long chunks = (n + kChunk - 1) / kChunk;
@@ -104,6 +110,7 @@ template <class T, class F, int kMode, int kTileRows, bool kAligned, bool kColT>
 __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row, float* s_row, unsigned char* q_col,
                                                            float* s_col, const T* x, int rows, int cols) {
     static_assert(kTileRows % kSlots == 0, "tile rows: a multiple of 16");
+    grid_dependency_sync();
     static_assert(!(kMode & (kColBlocks | kTile)) || kTileRows == kQuantBlock, "column blocks and tiles are 128 rows");
     static_assert(!(kMode & kTileCol) || (kMode & kTile), "kTileCol goes with kTile");
     constexpr int kSteps = kTileRows / kSlots;

@@ -4,10 +4,14 @@
 // The row stays in registers between the reduction and the normalization (kChunks 16-byte
 // chunks per thread), so x and residual are read once. Small hidden sizes put several rows
 // in a block (kRowThreads < kBlock, reduced by lane shuffles).
+// Every kernel here waits for the kernel ahead of it before touching memory (grid_dependency_sync):
+// rocjit may launch them to overlap that kernel's tail (programmatic dependent launch, sm_90+).
+// rocjit:pdl
 #include <hip/hip_runtime.h>
 #include "rocjit/chunk.h"
 #include "rocjit/warp.h"
 #include "rocjit/cluster.h"
+#include "rocjit/stream.h"
 
 using namespace rocjit;
 
@@ -16,6 +20,7 @@ __launch_bounds__(kBlock) __global__ void rms_norm_kernel(void* out, float* row_
                                                           const T* weight, const float* scale, int rows, int hidden,
                                                           float eps) {
     static_assert(kRowThreads <= kWaveSize || kRowThreads == kBlock, "a row spans a wave or the whole block");
+    grid_dependency_sync();
     constexpr int kRowsPerBlock = kBlock / kRowThreads;
     __shared__ float scratch[1024 / kWaveSize];
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kRowThreads;
@@ -97,6 +102,7 @@ __launch_bounds__(kThreads) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(k
     rms_norm_split_kernel(void* out, float* row_scales, const T* x, T* residual, const T* weight, const float* scale,
                           int rows, int hidden, float eps) {
     static_assert(kThreads % kWaveSize == 0, "whole waves per block");
+    grid_dependency_sync();
     constexpr int kWaves = kThreads / kWaveSize;
     __shared__ float partials[2][kWaves];  // [0]: sum of squares, [1]: amax
     if constexpr (kSplit > 1 && !kHasClusters) {

@@ -39,15 +39,11 @@
 #ifndef SKINNY_W_HINT
 #define SKINNY_W_HINT 4
 #endif
-// Programmatic dependent launch (sm_90+), SKINNY_PDL=1: each block lets the next kernel be scheduled at
-// once and issues its first weight loads before grid_dependency_wait, which comes before it reads
-// activations, scales or the residual and before any write (H100, launched through cuLaunchKernelEx with
-// the programmatic-serialization attribute and captured in a graph: a dependent chain of 4096 x 4096 bf16
-// GEMMs gave bit-identical results, 14.4 -> 13.3 us per GEMM). Off by default: rocjit's launcher does not
-// set the attribute yet, and the reordered loads change register counts (occupancy) of some configs.
-#ifndef SKINNY_PDL
-#define SKINNY_PDL 0
-#endif
+// Programmatic dependent launch (sm_90+; rocjit launches this file's kernels with it, see `rocjit:pdl`
+// below): each block lets the next kernel be scheduled at once and asks L2 for its first weights (a
+// prefetch reads no value, so it is safe even where the kernel ahead writes the weights), then waits for
+// the kernel ahead before its first load or write. Weights stream while that kernel's tail runs.
+// rocjit:pdl
 
 #if defined(__AMDGCN__)
 #define SKINNY_AMD 1
@@ -320,9 +316,17 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
             for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
 
     const uint4 zero = make_uint4(0, 0, 0, 0);
-#if SKINNY_PDL
+#if ROCJIT_HAS_PDL
     rocjit::launch_dependents();     // the next kernel may be scheduled; it waits for us itself
-    bool waited = false;
+    for (int u = 0; u < UNROLL; ++u) {
+        const int kb = kb_begin + warp * UNROLL + u;
+        if (kb < kb_end && kb * kBlockK + lane_chunk() * kPer16 < K)
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int h = 0; h < kRowsPerLane; ++h) rocjit::prefetch_l2_early(wrow[t][h] + (size_t)kb * kBlockK);
+    }
+    rocjit::grid_dependency_wait();
 #endif
     for (int kb0 = kb_begin + warp * UNROLL; kb0 < kb_end; kb0 += WARPS_K * UNROLL) {
         uint4 wv[UNROLL][MT][kRowsPerLane];
@@ -339,15 +343,6 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
 #pragma unroll
                 for (int h = 0; h < kRowsPerLane; ++h)
                     wv[u][t][h] = live ? load16_stream(wrow[t][h] + (size_t)kb * kBlockK) : zero;
-#if SKINNY_PDL
-        }
-        if (!waited) { rocjit::grid_dependency_wait(); waited = true; }   // the first weights are in flight
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int kb = kb0 + u;
-            const int k = kb * kBlockK + lane_chunk() * kPer16;
-            const bool live = kb < kb_end && k < K;
-#endif
 #pragma unroll
             for (int j = 0; j < NT; ++j)
                 av[u][j] = (live && a_live[j]) ? load16(arow[j] + (size_t)kb * kBlockK) : zero;
@@ -359,10 +354,6 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
 #pragma unroll
                 for (int j = 0; j < NT; ++j) mma_chunk<E>(acc[t][j], wv[u][t], av[u][j]);
     }
-
-#if SKINNY_PDL
-    if (!waited) rocjit::grid_dependency_wait();     // a warp without k-blocks still writes below
-#endif
 
     // Fixed-order reduction of the WARPS_K warps through shared memory.
     constexpr int kVals = MT * NT * kAcc;
@@ -405,6 +396,7 @@ __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* out,
                                      const float* __restrict__ out_scale, const float* __restrict__ scale_a,
                                      const float* __restrict__ scale_w, int scale_modes, int M, int N, int splits,
                                      int ldo) {
+    rocjit::grid_dependency_sync();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M * ldo) return;
     const int col = i % ldo, m = i / ldo;
@@ -531,9 +523,21 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
     }
     __syncthreads();
 
-#if SKINNY_PDL
+#if ROCJIT_HAS_PDL
     rocjit::launch_dependents();
-    if (warp < CW || begin >= end) rocjit::grid_dependency_wait();   // consumers read / write after this
+    if (warp >= CW && begin < end) {   // the producers' first STAGES chunks of weights into L2 (no values read)
+        const int pt = threadIdx.x - CW * 32;
+        for (long long f = begin; f < end && f < begin + STAGES; ++f) {
+            const int tile = (int)(f / nk), rows = min(kRows, N - tile * kRows);
+            const long long k0 = (f % nk) * (long long)BK;
+            const unsigned char* wsrc = reinterpret_cast<const unsigned char*>(w) + (size_t)tile * kRows * kbytes + k0;
+            for (int q = pt; q < kRows * (BK / 16); q += PW * 32) {
+                const int r = q / (BK / 16), col = (q % (BK / 16)) * 16;
+                if (r < rows && k0 + col < kbytes) rocjit::prefetch_l2_early(wsrc + (size_t)r * kbytes + col);
+            }
+        }
+    }
+    rocjit::grid_dependency_wait();    // before any load or write
 #endif
     if (warp >= CW) {
         // ---- producers: 16-byte granules, consecutive threads along a row (coalesced) ----
@@ -565,9 +569,6 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
                                    live ? 16u : 0u, wpol);
                 }
             }
-#if SKINNY_PDL
-            if (f == begin) rocjit::grid_dependency_wait();   // the first weights are on their way
-#endif
             const unsigned char* asrc = reinterpret_cast<const unsigned char*>(a) + k0;
             for (int q = pt; q < M * kGran; q += PW * 32) {
                 const int m = q / kGran, col = (q % kGran) * 16;

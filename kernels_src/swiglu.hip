@@ -7,15 +7,20 @@
 // swiglu_kernel (per-token scales, also any mode): a group of kRowThreads threads covers
 // kTileChunks = kRowThreads * kChunks chunks of one row; with per-row scales a row is one tile
 // (tiles_per_row = 1) and the group reduces its amax.
+// Every kernel here waits for the kernel ahead of it before touching memory (grid_dependency_sync):
+// rocjit may launch them to overlap that kernel's tail (programmatic dependent launch, sm_90+).
+// rocjit:pdl
 #include <hip/hip_runtime.h>
 #include "rocjit/chunk.h"
 #include "rocjit/warp.h"
+#include "rocjit/stream.h"
 
 using namespace rocjit;
 
 template <class T, class F, int kQuant, int kChunks, bool kAligned>
 __launch_bounds__(1024) __global__ void swiglu_tiled_kernel(void* out, const T* gate_up, const float* scale, int d) {
     static_assert(kQuant != kQuantToken, "per-token scales need the row reduction of swiglu_kernel");
+    grid_dependency_sync();
     const int row = blockIdx.x, tile = blockIdx.y;  // x: rows (up to 2^31 - 1), y: tiles of a row
     // Hardware reciprocal: an IEEE division's branch would hold the data loads behind the scale's load.
     const float out_mul = kQuant == kQuantStatic ? fast_rcp(*scale) : 1.0f;
@@ -56,6 +61,7 @@ template <class T, class F, int kQuant, int kRowThreads, int kBlock, int kChunks
 __launch_bounds__(kBlock) __global__ void swiglu_kernel(void* out, float* row_scales, const T* gate_up,
                                                         const float* scale, int rows, int d, int tiles_per_row) {
     static_assert(kRowThreads <= kWaveSize || kRowThreads == kBlock, "a row spans a wave or the whole block");
+    grid_dependency_sync();
     constexpr int kGroupsPerBlock = kBlock / kRowThreads;
     __shared__ float scratch[1024 / kWaveSize];
     const int group = blockIdx.x * kGroupsPerBlock + threadIdx.x / kRowThreads;  // rows * tiles < 2^31

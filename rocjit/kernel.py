@@ -5,20 +5,32 @@ object), the general path that checks every argument, and the fast launchers bui
 """
 from __future__ import annotations
 
+import os
+import re
 import sys
 import threading
 
-from rocjit import codeobject, compiler, signature
+from rocjit import codeobject, compiler, signature, targets
 from rocjit.launch import fast, general
 from rocjit.launch.params import ParamSpec
 
 
-class Module:
-    """A HIP source (string or file) whose kernels compile on first use; ``mod["name<args>"]`` gives a Kernel."""
+_PDL_DIRECTIVE = re.compile(r"^[ \t]*//[ \t]*rocjit:pdl[ \t]*$", re.M)
 
-    def __init__(self, source_or_path, *, defines=None, options=None, include_dirs=()):
+
+class Module:
+    """A HIP source (string or file) whose kernels compile on first use; ``mod["name<args>"]`` gives a Kernel.
+
+    pdl: the kernels are launched with programmatic dependent launch where the device has it (NVIDIA sm_90+, native
+    launcher): each may start while the kernel ahead of it in the stream finishes, so each must call
+    ``rocjit::grid_dependency_wait()`` (rocjit/stream.h) in every thread before it reads memory an earlier kernel
+    writes or writes memory an earlier kernel reads. None (default): as the source says, by a line
+    ``// rocjit:pdl``. ROCJIT_PDL=0 turns it off everywhere (the same results, no overlap)."""
+
+    def __init__(self, source_or_path, *, defines=None, options=None, include_dirs=(), pdl=None):
         self.source, self.filename, self.source_dir = compiler.read_source(source_or_path)
         self.defines, self.options, self.include_dirs = dict(defines or {}), list(options or ()), tuple(include_dirs)
+        self.pdl = bool(_PDL_DIRECTIVE.search(self.source)) if pdl is None else bool(pdl)
         self._kernels: dict[str, Kernel] = {}
 
     def __getitem__(self, name_expression: str) -> "Kernel":
@@ -82,6 +94,11 @@ class Kernel:
             layout = codeobject.param_layout(co.binary, co.lowered.get(self.name, self.name))
             spec = self._specs[target] = ParamSpec.build(self.name, self.params, layout)
         return spec
+
+    def programmatic_launch(self, target: str) -> bool:
+        """Whether launches of this kernel on `target` overlap the kernel ahead of them (see Module's pdl)."""
+        return (self.module.pdl and os.environ.get("ROCJIT_PDL", "") != "0"
+                and targets.has_programmatic_launch(target))
 
     def platform(self):
         if self._plat is None:

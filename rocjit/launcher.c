@@ -1001,6 +1001,40 @@ static PyTypeObject PlansType = {
     .tp_getset = plans_getset,
 };
 
+/* Programmatic dependent launch (CUDA, sm_90+): rj_launch_pdl has cuLaunchKernel's signature (a Spec takes it as
+ * its launch function) and launches through cuLaunchKernelEx with the programmatic stream serialization attribute,
+ * so the kernel may start while the kernel ahead of it in the stream finishes; the kernel itself waits
+ * (griddepcontrol.wait) before it touches memory that kernel writes or reads. The structures as cuda.h (12.x)
+ * lays them out. */
+typedef struct { int32_t id; char pad[4]; union { char bytes[64]; int32_t value; } value; } rj_launch_attr;
+typedef struct {
+    unsigned grid[3], block[3], shared_mem;
+    void *stream;
+    rj_launch_attr *attrs;
+    unsigned nattrs;
+} rj_launch_config;
+typedef int (*rj_launch_ex_fn)(const rj_launch_config *config, void *f, void **params, void **extra);
+#define RJ_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION 6
+static rj_launch_ex_fn launch_ex;
+
+static int rj_launch_pdl(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         unsigned shared_mem, void *stream, void **params, void **extra) {
+    rj_launch_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = RJ_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.value = 1;
+    rj_launch_config cfg = {{gx, gy, gz}, {bx, by, bz}, shared_mem, stream, &attr, 1};
+    return launch_ex(&cfg, f, params, extra);
+}
+
+/* pdl_launch(cuLaunchKernelEx address) -> the address of rj_launch_pdl, a launch function for Spec */
+static PyObject *pdl_launch(PyObject *m, PyObject *arg) {
+    void *ex = address_of(arg, "cuLaunchKernelEx");
+    if (!ex) return NULL;
+    launch_ex = (rj_launch_ex_fn)ex;
+    return PyLong_FromVoidPtr((void *)rj_launch_pdl);
+}
+
 /* dtype_code(exchange_api, tensor) -> the tensor's DLPack dtype, packed as Spec's dtypes are */
 static PyObject *dtype_code(PyObject *m, PyObject *args) {
     PyObject *api_obj, *t;
@@ -1015,6 +1049,8 @@ static PyObject *dtype_code(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"dtype_code", dtype_code, METH_VARARGS, "dtype_code(exchange_api, tensor) -> packed DLPack dtype"},
+    {"pdl_launch", pdl_launch, METH_O, "pdl_launch(cuLaunchKernelEx address) -> a launch function address that "
+                                         "sets the programmatic stream serialization attribute"},
     {NULL}
 };
 

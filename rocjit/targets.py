@@ -43,3 +43,9 @@ def is_ptx(target: str) -> bool:
     """compute_XX: NVRTC returns PTX text instead of a cubin."""
     return vendor(target) == "cuda" and target.startswith("compute_")
 
+
+
+def has_programmatic_launch(target: str) -> bool:
+    """NVIDIA sm_90 and later: a kernel may be launched to overlap the one ahead of it in its stream
+    (programmatic dependent launch). HIP has no equivalent."""
+    return vendor(target) == "cuda" and int(re.sub(r"\D", "", target)) >= 90

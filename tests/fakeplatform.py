@@ -61,7 +61,7 @@ class FakePlatform:
     def fast_launch(self):
         return None
 
-    def native_launch(self):
+    def native_launch(self, pdl=False):
         return None
 
     def malloc(self, nbytes, dev):

@@ -53,8 +53,8 @@ class HipStandIn(FakePlatform):
     def fast_launch(self):
         return hip.fast_launch()
 
-    def native_launch(self):
-        return hip.native_launch() if self.with_native else None
+    def native_launch(self, pdl=False):
+        return hip.native_launch(pdl) if self.with_native else None
 
 
 @pytest.fixture

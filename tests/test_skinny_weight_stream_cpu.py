@@ -33,7 +33,7 @@ def test_every_weight_load_hint_builds_for_hopper(hint):
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_89", "gfx942", "gfx950"])
 def test_programmatic_launch_hooks_build_everywhere(target):
-    """SKINNY_PDL=1: griddepcontrol on sm_90+, nothing before sm_90 and on AMD (no equivalent there)."""
+    """griddepcontrol and the early L2 prefetch on sm_90+, nothing before sm_90 and on AMD (no equivalent there)."""
     if target.startswith("sm_") and not _nvrtc():
         pytest.skip("cuda-bindings (NVRTC) not installed")
     if target.startswith("gfx"):
@@ -42,7 +42,7 @@ def test_programmatic_launch_hooks_build_everywhere(target):
     names = [FP8_NAME.replace(", 1, 1, 8, 2, 0, skinny::ep_store>", ", 1, 4, 4, 2, 0, skinny::ep_residual>")]
     if target == "sm_90a":
         names.append(STREAM_NAME)
-    co = Module("skinny_gemm.hip", defines={"SKINNY_PDL": "1"}).compile(target, tuple(names))
+    co = Module("skinny_gemm.hip").compile(target, tuple(names))
     assert co.binary and all(n in co.lowered for n in names)
 
 

@@ -17,6 +17,8 @@
 // reads. launch_dependents() lets the next kernel (if it was launched with the attribute) be scheduled
 // once every block of this grid has called it or exited. Both are no-ops for a normal launch, and
 // compile to nothing before sm_90 and on AMD (no equivalent there: HIP has no programmatic launch).
+// A source whose kernels all follow this rule says so with a line `// rocjit:pdl`: rocjit then launches
+// them with the attribute on sm_90+ (rocjit.Module's pdl).
 #pragma once
 #include "rocjit/platform.h"
 
@@ -53,15 +55,39 @@ ROCJIT_INLINE uint4 load16_once(const void* p) {
 #endif
 }
 
-ROCJIT_INLINE void grid_dependency_wait() {
 #if ROCJIT_NVIDIA && ROCJIT_SM >= 900
+#define ROCJIT_HAS_PDL 1
+#else
+#define ROCJIT_HAS_PDL 0
+#endif
+
+ROCJIT_INLINE void grid_dependency_wait() {
+#if ROCJIT_HAS_PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
 ROCJIT_INLINE void launch_dependents() {
-#if ROCJIT_NVIDIA && ROCJIT_SM >= 900
+#if ROCJIT_HAS_PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// For a kernel all of whose memory traffic depends on the kernels ahead of it: the next kernel may be
+// scheduled now, and this one waits for its predecessor before going on.
+ROCJIT_INLINE void grid_dependency_sync() {
+    launch_dependents();
+    grid_dependency_wait();
+}
+
+// Ask L2 for the line holding p, reading no value: unlike a load, it may come before grid_dependency_wait()
+// even where the kernel ahead writes p (L2 is where the GPU's memory is coherent; the load after the wait
+// sees that kernel's write). Compiled only where programmatic launch exists.
+ROCJIT_INLINE void prefetch_l2_early(const void* p) {
+#if ROCJIT_HAS_PDL
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+#else
+    (void)p;
 #endif
 }
 

@@ -154,7 +154,8 @@ def _native_spec(kernel, plat, spec: ParamSpec, torch):
     """The native launcher's description of this kernel, or None where it is unavailable: no C compiler, a
     framework without the DLPack C exchange API, a platform without a native launch here."""
     api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)   # torch >= 2.10 publishes it
-    hook = plat.native_launch()
+    pdl = kernel.programmatic_launch(plat.device_target(next(iter(kernel._fns))))
+    hook = plat.native_launch(pdl=True) if pdl else plat.native_launch()
     if hook is None or api is None:
         return None
     from rocjit import native

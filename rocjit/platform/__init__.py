@@ -82,8 +82,10 @@ class Platform(Protocol):
     def launch(self, fn, grid, block, shared_mem: int, stream: int, kernel_params) -> int:
         """kernel_params: a ctypes array of void*, one per parameter. Returns the driver's error code."""
     def fast_launch(self) -> FastLaunch: ...
-    def native_launch(self) -> tuple[int, int]:
-        """(launch function address, current-context getter address) for rocjit/launcher.c."""
+    def native_launch(self, pdl: bool = False) -> tuple[int, int]:
+        """(launch function address, current-context getter address) for rocjit/launcher.c; with `pdl`, a
+        launch that lets the kernel overlap the one ahead of it (programmatic dependent launch) where the
+        platform has one."""
     def error_name(self, code) -> str: ...
 
     def malloc(self, nbytes: int, dev: int) -> int: ...

@@ -249,10 +249,19 @@ def launch(fn, grid, block, shared_mem, stream, kernel_params) -> int:
                                  shared_mem, stream, kernel_params, None)
 
 
-def native_launch() -> tuple[int, int]:
-    """(cuLaunchKernel address, cuCtxGetCurrent address) for the native launcher."""
+def native_launch(pdl: bool = False) -> tuple[int, int]:
+    """(launch function address, cuCtxGetCurrent address) for the native launcher: cuLaunchKernel, or with `pdl`
+    the native module's cuLaunchKernelEx call that sets the programmatic stream serialization attribute (the
+    caller asks for it only for kernels that wait for the grid ahead of them, on sm_90+)."""
     d = _drv()
-    return ctypes.cast(d.cuLaunchKernel, ctypes.c_void_p).value, ctypes.cast(d.cuCtxGetCurrent, ctypes.c_void_p).value
+    ctx = ctypes.cast(d.cuCtxGetCurrent, ctypes.c_void_p).value
+    ex = getattr(d.lib, "cuLaunchKernelEx", None) if pdl else None
+    if ex is not None:
+        from rocjit import native
+        mod = native.module()
+        if mod is not None:
+            return mod.pdl_launch(ctypes.cast(ex, ctypes.c_void_p).value), ctx
+    return ctypes.cast(d.cuLaunchKernel, ctypes.c_void_p).value, ctx
 
 
 def context_handle(dev: int) -> int:

@@ -337,8 +337,9 @@ def fast_launch() -> FastLaunch:
     return FastLaunch(_runtime_lib().hipModuleLaunchKernel, function_handle, 0, False)
 
 
-def native_launch() -> tuple[int, int]:
-    """(hipModuleLaunchKernel address, hipCtxGetCurrent address) for the native launcher."""
+def native_launch(pdl: bool = False) -> tuple[int, int]:
+    """(hipModuleLaunchKernel address, hipCtxGetCurrent address) for the native launcher. `pdl` is ignored: HIP
+    has no programmatic dependent launch (the kernels' grid-dependency calls compile to nothing on AMD)."""
     lib = _runtime_lib()
     return (ctypes.cast(lib.hipModuleLaunchKernel, ctypes.c_void_p).value,
             ctypes.cast(lib.hipCtxGetCurrent, ctypes.c_void_p).value)
