@@ -40,9 +40,11 @@
 #define SKINNY_W_HINT 4
 #endif
 // Programmatic dependent launch (sm_90+; rocjit launches this file's kernels with it, see `rocjit:pdl`
-// below): each block lets the next kernel be scheduled at once and asks L2 for its first weights (a
-// prefetch reads no value, so it is safe even where the kernel ahead writes the weights), then waits for
-// the kernel ahead before its first load or write. Weights stream while that kernel's tail runs.
+// below): each block asks L2 for its first weights (a prefetch reads no value, so it is safe even where
+// the kernel ahead writes the weights), then waits for the kernel ahead before its first load or write;
+// weights stream while that kernel's tail runs. The next kernel is let in once the main loop is done
+// (launch_dependents after it, not at the start: a persistent or one-wave grid would otherwise share
+// its SMs with waiting blocks for its whole run).
 // rocjit:pdl
 
 #if defined(__AMDGCN__)
@@ -317,7 +319,6 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
 
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #if ROCJIT_HAS_PDL
-    rocjit::launch_dependents();     // the next kernel may be scheduled; it waits for us itself
     for (int u = 0; u < UNROLL; ++u) {
         const int kb = kb_begin + warp * UNROLL + u;
         if (kb < kb_end && kb * kBlockK + lane_chunk() * kPer16 < K)
@@ -354,6 +355,9 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
 #pragma unroll
                 for (int j = 0; j < NT; ++j) mma_chunk<E>(acc[t][j], wv[u][t], av[u][j]);
     }
+    // Only now may the next kernel's blocks take room on the SMs: in a grid of one wave, blocks waiting from
+    // the start would sit beside this one's for its whole run.
+    rocjit::launch_dependents();
 
     // Fixed-order reduction of the WARPS_K warps through shared memory.
     constexpr int kVals = MT * NT * kAcc;
@@ -524,7 +528,6 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
     __syncthreads();
 
 #if ROCJIT_HAS_PDL
-    rocjit::launch_dependents();
     if (warp >= CW && begin < end) {   // the producers' first STAGES chunks of weights into L2 (no values read)
         const int pt = threadIdx.x - CW * 32;
         for (long long f = begin; f < end && f < begin + STAGES; ++f) {
@@ -578,6 +581,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
             }
             rocjit::cp_async_arrive(&full[s]);
         }
+        rocjit::launch_dependents();   // every copy is issued: the next kernel may take room on the SMs
         return;
     }
 
@@ -668,6 +672,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 #pragma unroll
                 for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
     }
+    rocjit::launch_dependents();
 #else
     rocjit::unsupported_on_target();   // built for NVIDIA sm_90+ only; the host picks skinny_gemm_kernel elsewhere
 #endif
