@@ -8,7 +8,6 @@ pytestmark = pytest.mark.gpu
 
 import rocjit  # noqa: E402
 from rocjit import native, targets  # noqa: E402
-from rocjit.ops import _common as C  # noqa: E402
 from rocjit.ops import skinny  # noqa: E402
 
 F8 = torch.float8_e4m3fn
@@ -46,7 +45,7 @@ __global__ void probe(long long* started) {
 
 @pytest.fixture(scope="module")
 def hopper():
-    target = C.device_info(0)["target"]
+    target = skinny._device(0)[0]
     if not targets.has_programmatic_launch(target):
         pytest.skip(f"{target} has no programmatic dependent launch")
     if native.module() is None:
