@@ -92,7 +92,8 @@ __launch_bounds__(kBlock) __global__ void amax_kernel(float* partials, const T* 
 }
 
 // Block-scaled quantization. A 256-thread block covers kTileRows rows x 128 columns: 16 lanes
-// of 8 elements span the 128 columns, 16 row slots step down the rows. Output layouts:
+// of 8 elements span the 128 columns, and each of 16 row slots owns kTileRows / 16 consecutive rows
+// (kept as packed 16-byte chunks in registers between the maxima and the quantization). Output layouts:
 //   kRowBlocks: q_row [rows, cols], s_row [rows, ceil(cols/128)]
 //   kColBlocks: q_col [rows, cols], s_col [ceil(rows/128), cols]       (kTileRows == 128)
 //   kTile:      q_row [rows, cols], s_row [ceil(rows/128), ceil(cols/128)] (kTileRows == 128)
@@ -104,38 +105,46 @@ __launch_bounds__(kBlock) __global__ void amax_kernel(float* partials, const T* 
 constexpr int kRowBlocks = 1, kColBlocks = 2, kTile = 4, kTileCol = 8;
 constexpr int kQuantBlock = 128;
 constexpr int kLanes = kQuantBlock / kChunk;  // 16 lanes across a block's columns
-constexpr int kSlots = 256 / kLanes;          // 16 rows in flight
+constexpr int kSlots = 256 / kLanes;          // 16 row slots of a block
+ROCJIT_INLINE int row_blocks_of(int cols) { return (cols + kQuantBlock - 1) / kQuantBlock; }
 
 template <class T, class F, int kMode, int kTileRows, bool kAligned, bool kColT>
 __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row, float* s_row, unsigned char* q_col,
                                                            float* s_col, const T* x, int rows, int cols) {
     static_assert(kTileRows % kSlots == 0, "tile rows: a multiple of 16");
-    grid_dependency_sync();
     static_assert(!(kMode & (kColBlocks | kTile)) || kTileRows == kQuantBlock, "column blocks and tiles are 128 rows");
     static_assert(!(kMode & kTileCol) || (kMode & kTile), "kTileCol goes with kTile");
     constexpr int kSteps = kTileRows / kSlots;
+    static_assert(!kColT || kSteps == 8, "the transposed store takes 8 rows per thread");
     constexpr bool kColOut = (kMode & (kColBlocks | kTileCol)) != 0;
-    constexpr int kTPitch = kQuantBlock + 16;   // bytes per staged transposed row (16-byte aligned rows)
+    grid_dependency_sync();
     __shared__ float col_partial[kSlots][kQuantBlock + 1];
-    __shared__ __align__(16) unsigned char staged[kColT ? kQuantBlock : 1][kColT ? kTPitch : 16];
+    // kColT staging: row c holds column c of the tile (128 bytes, one per row of x). A thread's 8 consecutive
+    // rows of one column are one 8-byte word, stored at word (slot ^ 2 * (lane & 7)) of row c = 8 * lane + i:
+    // the 16 lanes of a half-warp hit distinct banks (two words per bank across the warp, the least 8-byte
+    // stores allow), and the 16-byte pairs of words stay whole, only permuted, for the read-out.
+    __shared__ __align__(16) unsigned char staged[kColT ? kQuantBlock : 1][kColT ? kQuantBlock : 16];
     __shared__ float scratch[1024 / kWaveSize];
     const int lane = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
     const int col = blockIdx.x * kQuantBlock + lane * kChunk;
-    const int row0 = blockIdx.y * kTileRows + slot;
-    const int row_blocks = (cols + kQuantBlock - 1) / kQuantBlock;
+    const int row0 = blockIdx.y * kTileRows + slot * kSteps;   // this thread's kSteps consecutive rows
 
-    float v[kSteps][kChunk];
+    // x stays packed in registers (kSteps chunks of 16 bytes): every load is issued before any math
+    chunk_t<T> h[kSteps];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+        h[s] = zero_chunk<T>();
+        if (row0 + s < rows && col < cols) h[s] = load_chunk<kAligned, true>(x + (long long)(row0 + s) * cols, col, cols);
+    }
     float col_max[kChunk];
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) col_max[i] = 0.0f;
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
-        const int row = row0 + s * kSlots;
-        chunk_t<T> h = zero_chunk<T>();
-        if (row < rows && col < cols) h = load_chunk<kAligned, true>(x + (long long)row * cols, col, cols);
-        chunk_to_float(h, v[s]);
+        float v[kChunk];
+        chunk_to_float(h[s], v);
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) col_max[i] = fmaxf(col_max[i], fabsf(v[s][i]));
+        for (int i = 0; i < kChunk; ++i) col_max[i] = fmaxf(col_max[i], fabsf(v[i]));
     }
 
     // Column (128x1) and tile (128x128) maxima through shared memory.
@@ -168,25 +177,30 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
         for (int i = 0; i < kChunk; ++i) m = fmaxf(m, col_max[i]);
         m = fmaxf(block_max(m, scratch), kMinAmax);
         tile_mul = F::max / m;
-        if (threadIdx.x == 0) s_row[(long long)blockIdx.y * row_blocks + blockIdx.x] = m / F::max;
+        if (threadIdx.x == 0) s_row[(long long)blockIdx.y * row_blocks_of(cols) + blockIdx.x] = m / F::max;
     }
 
+    unsigned long long tcol[kColT ? kChunk : 1];   // kColT: byte s of tcol[i] = q(row0 + s, col + i)
+#pragma unroll
+    for (int i = 0; i < (kColT ? kChunk : 1); ++i) tcol[i] = 0;
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
-        const int row = row0 + s * kSlots;
+        const int row = row0 + s;
+        float v[kChunk];
+        chunk_to_float(h[s], v);
         if constexpr ((kMode & (kRowBlocks | kTile)) != 0) {
             float mul = tile_mul;
             if constexpr ((kMode & kRowBlocks) != 0) {
                 float m = 0.0f;
 #pragma unroll
-                for (int i = 0; i < kChunk; ++i) m = fmaxf(m, fabsf(v[s][i]));
+                for (int i = 0; i < kChunk; ++i) m = fmaxf(m, fabsf(v[i]));
                 m = fmaxf(group_max<kLanes>(m), kMinAmax);
                 mul = F::max / m;
-                if (lane == 0 && row < rows) s_row[(long long)row * row_blocks + blockIdx.x] = m / F::max;
+                if (lane == 0 && row < rows) s_row[(long long)row * row_blocks_of(cols) + blockIdx.x] = m / F::max;
             }
             float f[kChunk];
 #pragma unroll
-            for (int i = 0; i < kChunk; ++i) f[i] = v[s][i] * mul;
+            for (int i = 0; i < kChunk; ++i) f[i] = v[i] * mul;
             unsigned int lo, hi;
             float8_to_fp8x8<F>(f, lo, hi);
             if (row < rows && col < cols) store_fp8_chunk<kAligned, true>(q_row + (long long)row * cols, col, cols, lo, hi);
@@ -194,31 +208,37 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
         if constexpr (kColOut) {
             float f[kChunk];
 #pragma unroll
-            for (int i = 0; i < kChunk; ++i) f[i] = v[s][i] * ((kMode & kColBlocks) ? col_mul[i] : tile_mul);
+            for (int i = 0; i < kChunk; ++i) f[i] = v[i] * ((kMode & kColBlocks) ? col_mul[i] : tile_mul);
             unsigned int lo, hi;
             float8_to_fp8x8<F>(f, lo, hi);
             if constexpr (kColT) {
-                const int r = slot + s * kSlots;
 #pragma unroll
-                for (int i = 0; i < kChunk; ++i) staged[lane * kChunk + i][r] = ((i < 4 ? lo : hi) >> (8 * (i & 3))) & 0xffu;
+                for (int i = 0; i < kChunk; ++i)
+                    tcol[i] |= (unsigned long long)(((i < 4 ? lo : hi) >> (8 * (i & 3))) & 0xffu) << (8 * s);
             } else {
                 if (row < rows && col < cols) store_fp8_chunk<kAligned, true>(q_col + (long long)row * cols, col, cols, lo, hi);
             }
         }
     }
     if constexpr (kColT) {
-        // q_col^T [cols, rows]: 128 staged rows of 128 bytes, 8 chunks of 16 bytes each
+        const int word = slot ^ (2 * (lane & 7));
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i)
+            *reinterpret_cast<unsigned long long*>(&staged[lane * kChunk + i][word * 8]) = tcol[i];
         __syncthreads();
+        // q_col^T [cols, rows]: 128 staged rows of 128 bytes, 8 chunks of 16 bytes each (chunk j of row c is
+        // stored as chunk j ^ ((c / 8) & 7))
         const int r0 = blockIdx.y * kQuantBlock;
         for (int i = threadIdx.x; i < kQuantBlock * 8; i += 256) {
             const int c = i >> 3, part = (i & 7) * 16;
             const int oc = blockIdx.x * kQuantBlock + c;
             if (oc >= cols || r0 + part >= rows) continue;
+            const unsigned char* src = &staged[c][((i & 7) ^ ((c >> 3) & 7)) * 16];
             unsigned char* dst = q_col + (long long)oc * rows + r0 + part;
             if (kAligned && r0 + part + 16 <= rows) {
-                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&staged[c][part]);
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
             } else {
-                for (int t = 0; t < 16 && r0 + part + t < rows; ++t) dst[t] = staged[c][part + t];
+                for (int t = 0; t < 16 && r0 + part + t < rows; ++t) dst[t] = src[t];
             }
         }
     }
