@@ -127,6 +127,9 @@ def mma_default(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> dict:
 
 # (MT, CW, BK bytes, PW): the configs that won somewhere in an H100 sweep of the seed shapes
 _STREAM_SHAPES = ((1, 4, 512, 4), (1, 4, 512, 2), (2, 4, 256, 4), (1, 8, 256, 4))
+# above 16 activation rows: 256 weight rows per tile (activation bytes staged per weight byte: 1/8 at M = 32);
+# MT 2 x CW 8 spills at its 384 threads, MT 4 x CW 4 fits in 255 registers
+_STREAM_SHAPES_WIDE = ((4, 4, 128, 4),)
 _STREAM_SMEM = 227 * 1024 - 2048            # H100 opt-in shared memory per block, less static + barriers
 
 
@@ -151,7 +154,7 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
     if os.environ.get("ROCJIT_SKINNY_STREAM", "1") == "0":
         return []
     out = []
-    for mt, cw, bk, pw in _STREAM_SHAPES:
+    for mt, cw, bk, pw in _STREAM_SHAPES + (_STREAM_SHAPES_WIDE if M > 16 else ()):
         if bk > 2 * K * elem_bytes and bk > 256:        # chunks mostly past the end of short rows
             continue
         if M > 16 and mt * cw < 8:                      # 32 activation rows per 64 weight rows: too much L2 traffic
