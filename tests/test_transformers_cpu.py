@@ -15,8 +15,12 @@ def _tiny(cls_cfg=transformers.LlamaConfig, cls_model=transformers.LlamaForCausa
     return cls_model(cfg).to(torch.bfloat16).eval()
 
 
+def _swapped(m) -> bool:
+    return "_rocjit_base" in type(m).__dict__
+
+
 def _overridden(model):
-    return sorted(type(m).__name__ for m in model.modules() if "forward" in m.__dict__)
+    return sorted(type(m).__name__ for m in model.modules() if _swapped(m) or "forward" in m.__dict__)
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -63,9 +67,9 @@ def test_other_families_patch(family):
     model = _tiny(cfg, cls)
     rt.patch(model, fp8=True)
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
-    assert layers and all("forward" in m.__dict__ for m in layers)
+    assert layers and all(_swapped(m) for m in layers)
     if family == "qwen3":                                  # q_norm / k_norm are RMSNorms too
-        assert "forward" in model.model.layers[0].self_attn.q_norm.__dict__
+        assert _swapped(model.model.layers[0].self_attn.q_norm)
     p = model.model.layers[0].self_attn._rocjit_patch      # the fused q/k/v forward knows the family's details
     assert p["qk_norm"] == (family == "qwen3") and p["sliding"]
     assert (p["bias"] is not None) == (family == "qwen2")  # Qwen2's q/k/v projections have biases
@@ -124,7 +128,30 @@ def test_a_patched_model_deep_copies(fp8):
     ids = torch.randint(0, 100, (1, 5))
     with torch.no_grad():
         assert torch.equal(twin(ids).logits, model(ids).logits)
-    assert twin.model.layers[0].self_attn._rocjit_patch["fns"] is model.model.layers[0].self_attn._rocjit_patch["fns"]
+    assert type(twin.model.layers[0].self_attn) is type(model.model.layers[0].self_attn)
+    rt.unpatch(twin)
+    assert _overridden(twin) == [] and rt.is_patched(model)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_patched_model_pickles_and_has_no_per_instance_forwards(fp8):
+    """The patched forwards live on subclasses (reachable by name, so torch.save of a whole patched model works),
+    never as instance attributes: torch.compile would guard each call on every such module with a Python check."""
+    import io
+    model = rt.patch(_tiny(), fp8=fp8)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert type(model.model.layers[0].mlp).__name__ == "LlamaMLP"        # the class name a user sees is kept
+    assert isinstance(model.model.layers[0].mlp, transformers.models.llama.modeling_llama.LlamaMLP)
+    buf = io.BytesIO()
+    torch.save(model, buf)                  # (plain pickle cannot carry FP8 tensors in this torch; torch.save can)
+    buf.seek(0)
+    again = torch.load(buf, weights_only=False)
+    ids = torch.randint(0, 100, (1, 5))
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+    assert rt.is_patched(again)
+    rt.unpatch(again)
+    assert _overridden(again) == []
 
 
 class _ReferenceOps:

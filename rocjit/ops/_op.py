@@ -105,10 +105,14 @@ def op(*, roles: str, sources=(), bench: str | None = None, custom_op: Callable 
     return deco
 
 
+# The public functions' one global namespace: torch.compile traces them, and an object (UNRECORDED) reached
+# through several namespaces would cost a Python-evaluated aliasing guard per op and compiled call.
+_PUBLIC_GLOBALS: dict = {}
+
+
 def _public_function(op_name, full, params, sig):
     """def <name>(<params as declared>): the plans (or the full path) called with every parameter by position."""
-    env = {}
-    defaults = {}
+    env = _PUBLIC_GLOBALS
     decl = []
     star_done = False
     for p in params:
@@ -120,20 +124,19 @@ def _public_function(op_name, full, params, sig):
         if p.default is p.empty:
             decl.append(p.name)
         else:
-            defaults[f"_d_{p.name}"] = p.default
-            decl.append(f"{p.name}=_d_{p.name}")
+            env[f"_{op_name}_default_{p.name}"] = p.default
+            decl.append(f"{p.name}=_{op_name}_default_{p.name}")
     names = ", ".join(p.name for p in params)
     src = (f"def {op_name}({', '.join(decl)}):\n"
-           f"    if state.compiling():\n"
-           f"        return full(UNRECORDED, {_call_args(params)})\n"
-           f"    return state.call({names})\n")
-    env.update(defaults)
+           f"    if _{op_name}_state.compiling():\n"
+           f"        return _{op_name}_full(UNRECORDED, {_call_args(params)})\n"
+           f"    return _{op_name}_state.call({names})\n")
     env["UNRECORDED"] = UNRECORDED
-    env["full"] = full
+    env[f"_{op_name}_full"] = full
     holder = _State()
-    env["state"] = holder
+    env[f"_{op_name}_state"] = holder
     exec(compile(src, f"<rocjit op {op_name}>", "exec"), env)
-    fn = env[op_name]
+    fn = env.pop(op_name)
     fn.__doc__ = full.__doc__
     fn.__module__ = full.__module__
     fn.__qualname__ = op_name
