@@ -135,7 +135,7 @@ class Kernel:
             self._fns[dev] = fn
             self.shared_limit[dev] = general.STATIC_SHARED_LIMIT
             if self._fast_path is None:
-                self._fast_path = fast.build(self, plat, spec) or False
+                self._fast_path = fast.build(self, plat, spec, target) or False
                 self._configured.clear()   # later kernel[grid, block] lookups hand out generated launchers
             elif self._fast_path and spec is self._fast_spec_of():
                 self._fast_path.add_device(plat, dev, fn)

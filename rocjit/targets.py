@@ -45,7 +45,12 @@ def is_ptx(target: str) -> bool:
 
 
 
+def nvidia_arch(target: str) -> int:
+    """The compute capability of an NVIDIA target as one number (sm_90a -> 90, compute_89 -> 89); 0 for AMD."""
+    return int(re.sub(r"\D", "", target)) if vendor(target) == "cuda" else 0
+
+
 def has_programmatic_launch(target: str) -> bool:
     """NVIDIA sm_90 and later: a kernel may be launched to overlap the one ahead of it in its stream
     (programmatic dependent launch). HIP has no equivalent."""
-    return vendor(target) == "cuda" and int(re.sub(r"\D", "", target)) >= 90
+    return nvidia_arch(target) >= 90

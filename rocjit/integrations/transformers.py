@@ -324,7 +324,8 @@ def _swap_forward(m, forward, **class_attrs):
     """Give module `m` `forward` by moving it to a subclass of its class that defines it (one subclass per class
     and forward, reachable by name from this module so a patched model still pickles). An instance attribute
     `forward` would do the same, but torch.compile then guards every call on `m is m.forward.__self__`, a
-    Python-evaluated guard per patched module (tens of microseconds per compiled decode step)."""
+    Python-evaluated guard per patched module (tens of microseconds per compiled decode step). `class_attrs` are
+    set on the subclass when it is made (they must depend only on the class)."""
     cls = type(m)
     sub = _SUBCLASSES.get((cls, forward))
     if sub is None:

@@ -40,9 +40,10 @@ class FastPath:
             self.native_spec.set_function(dev, plat.function_handle(fn), plat.context_handle(dev))
 
 
-def build(kernel, plat, spec: ParamSpec) -> FastPath | None:
+def build(kernel, plat, spec: ParamSpec, target: str) -> FastPath | None:
     """The fast path of a loaded kernel, or None where the general path must do every launch: no torch, debug
-    mode, no fast launch binding, a parameter it cannot pack, or no tensor parameter to tell the device."""
+    mode, no fast launch binding, a parameter it cannot pack, or no tensor parameter to tell the device. `target`:
+    the spec's target (whether the native launcher sets the programmatic-launch attribute)."""
     torch = sys.modules.get("torch")
     if torch is None or general.debug() or not hasattr(torch._C, "_cuda_getCurrentRawStream"):
         return None
@@ -70,7 +71,7 @@ def build(kernel, plat, spec: ParamSpec) -> FastPath | None:
     source = _generate(spec, tensors, multi, binding.returns_tuple, env, torch)
     exec(compile(source, f"<rocjit launcher {kernel.name}>", "exec"), env)
     py_make = env["make"]
-    native_spec = _native_spec(kernel, plat, spec, torch)
+    native_spec = _native_spec(kernel, plat, spec, torch, kernel.programmatic_launch(target))
     if native_spec is None:
         make = py_make
     else:   # the native launcher takes the common case and hands the rest to the generated one
@@ -150,11 +151,10 @@ def _generate(spec: ParamSpec, tensors, multi: bool, returns_tuple: bool, env: d
             f"    return launch_kernel\n")
 
 
-def _native_spec(kernel, plat, spec: ParamSpec, torch):
+def _native_spec(kernel, plat, spec: ParamSpec, torch, pdl: bool):
     """The native launcher's description of this kernel, or None where it is unavailable: no C compiler, a
     framework without the DLPack C exchange API, a platform without a native launch here."""
     api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)   # torch >= 2.10 publishes it
-    pdl = kernel.programmatic_launch(plat.device_target(next(iter(kernel._fns))))
     hook = plat.native_launch(pdl=True) if pdl else plat.native_launch()
     if hook is None or api is None:
         return None

@@ -238,15 +238,13 @@ def convert_outputs(result, framework: str):
 @functools.lru_cache(maxsize=None)
 def device_info(device_index: int) -> dict:
     """sm / CU count, wave size and thread-block-cluster support (NVIDIA sm_90+) of a device, read once."""
-    from rocjit import platform
+    from rocjit import platform, targets
     plat = platform.get()
     attrs = plat.device_attributes(device_index)
     target = str(attrs.get("target") or "")
-    sm = int("".join(ch for ch in target[3:] if ch.isdigit()) or 0) if target.startswith("sm_") else 0
+    sm = targets.nvidia_arch(target) if target.startswith("sm_") else 0
     return {"sms": int(attrs.get("sm_count") or attrs.get("cu_count") or 100), "wave": int(attrs.get("warp_size", 32)),
             "clusters": plat.NAME == "cuda" and sm >= 90}
-
-
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,7 @@ tensors into a plan; the tuner and the tests pass nothing and just launch.
 """
 import functools
 
-from rocjit import tune
+from rocjit import targets, tune
 from rocjit.ops import _common as C
 from rocjit.ops._op import UNRECORDED
 
@@ -29,8 +29,7 @@ def _device(dev: int) -> tuple[str, str, int]:
 def has_matrix_path(target: str, fp8: bool) -> bool:
     """mma.sync needs sm_80 (bf16/f16) / sm_89 (e4m3); MFMA needs CDNA (gfx90a+; fp8 natively on gfx942/950)."""
     if target.startswith("sm_"):
-        cc = int("".join(ch for ch in target[3:] if ch.isdigit()))
-        return cc >= (89 if fp8 else 80)
+        return targets.nvidia_arch(target) >= (89 if fp8 else 80)
     return target.startswith(("gfx90a", "gfx94", "gfx95"))
 
 
@@ -135,9 +134,7 @@ _STREAM_SMEM = 227 * 1024 - 2048            # H100 opt-in shared memory per bloc
 
 def has_stream_path(target: str) -> bool:
     """The streamed kernel's mbarrier waits (try_wait.parity) need sm_90 (Hopper) or newer."""
-    if not target.startswith("sm_"):
-        return False
-    return int("".join(ch for ch in target[3:] if ch.isdigit())) >= 90
+    return target.startswith("sm_") and targets.nvidia_arch(target) >= 90
 
 
 def stream_stages(M: int, cfg: dict, smem: int = _STREAM_SMEM) -> int:
