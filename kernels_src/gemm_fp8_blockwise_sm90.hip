@@ -22,6 +22,8 @@
 #include "rocjit/types.h"
 #include "rocjit/mma_fp8.h"
 #include "rocjit/wgmma.h"
+#include "rocjit/tma.h"
+#include "rocjit/cluster.h"
 
 using namespace rocjit;
 
@@ -58,6 +60,87 @@ struct layout {
     static constexpr int kBytes = kTiles + kScales + 2 * STAGES * 8;
 };
 
+// The tile (m0, n0) of block `bid`: grouped raster, kGroupM row tiles per group walked column by column, so the
+// blocks of a wave share A rows and B columns in L2.
+template <int BM, int BN>
+ROCJIT_INLINE void tile_of(int bid, int M, int N, int& m0, int& n0) {
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int per_group = kGroupM * tiles_n;
+    const int first_m = bid / per_group * kGroupM;
+    const int rows_in_group = min(tiles_m - first_m, kGroupM);
+    m0 = (first_m + (bid % per_group) % rows_in_group) * BM;
+    n0 = (bid % per_group) / rows_in_group * BN;
+}
+
+// acc += part * sa(row) * sb(col) for one m64n128 fragment (wgmma's accumulator layout): ra0 / ra1 the A scales
+// of this thread's two rows (8 apart); SB_ROWS: ssb at the first of this thread's columns' B scales (pairs 8
+// apart), else `bsc` is the one B scale of the 128 columns. promote() reads ra0 / ra1 at ssa[0] / ssa[8].
+template <bool SB_ROWS>
+ROCJIT_INLINE void promote_rows(float (&ac)[64], const float (&part)[64], float ra0, float ra1, const float* ssb,
+                                float bsc) {
+    if constexpr (!SB_ROWS) {
+        const float s0 = ra0 * bsc, s1 = ra1 * bsc;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            ac[4 * j + 0] = fmaf(part[4 * j + 0], s0, ac[4 * j + 0]);
+            ac[4 * j + 1] = fmaf(part[4 * j + 1], s0, ac[4 * j + 1]);
+            ac[4 * j + 2] = fmaf(part[4 * j + 2], s1, ac[4 * j + 2]);
+            ac[4 * j + 3] = fmaf(part[4 * j + 3], s1, ac[4 * j + 3]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const float2 bs = *reinterpret_cast<const float2*>(ssb + 8 * j);
+            ac[4 * j + 0] = fmaf(part[4 * j + 0], ra0 * bs.x, ac[4 * j + 0]);
+            ac[4 * j + 1] = fmaf(part[4 * j + 1], ra0 * bs.y, ac[4 * j + 1]);
+            ac[4 * j + 2] = fmaf(part[4 * j + 2], ra1 * bs.x, ac[4 * j + 2]);
+            ac[4 * j + 3] = fmaf(part[4 * j + 3], ra1 * bs.y, ac[4 * j + 3]);
+        }
+    }
+}
+template <bool SB_ROWS>
+ROCJIT_INLINE void promote(float (&ac)[64], const float (&part)[64], const float* ssa, const float* ssb, float bsc) {
+    promote_rows<SB_ROWS>(ac, part, ssa[0], ssa[8], ssb, bsc);
+}
+
+// One m64n128 fp32 fragment into the tile `cs` (row stride LD floats) at row `row` (this thread's first) and
+// columns col0 + 8 * j, col0 + 8 * j + 1 (col0 = the 128-column block's start + 2 * (lane & 3)).
+template <int LD>
+ROCJIT_INLINE void stash_fragment(float* cs, const float (&acc)[64], int row, int col0) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        float* p = cs + row * LD + col0 + 8 * j;
+        p[0] = acc[4 * j + 0];
+        p[1] = acc[4 * j + 1];
+        p[8 * LD] = acc[4 * j + 2];
+        p[8 * LD + 1] = acc[4 * j + 3];
+    }
+}
+
+// The BM x BN fp32 tile `cs` (row stride BN + 1) out to C at (m0, n0), or to C^T with TRANS_C, by `nthreads`
+// threads (t = 0 .. nthreads - 1) in 8-element runs along the output's rows (16-byte stores with VEC_OUT).
+template <class OT, int BM, int BN, bool TRANS_C, bool VEC_OUT>
+ROCJIT_INLINE void store_tile(const float* cs, OT* c, int m0, int n0, int M, int N, long long ldc, int t,
+                              int nthreads) {
+    constexpr int kLd = BN + 1;
+    constexpr int kOuter = TRANS_C ? BN : BM, kInner = TRANS_C ? BM : BN;
+    const int outer_limit = TRANS_C ? N - n0 : M - m0, inner_limit = TRANS_C ? M - m0 : N - n0;
+    OT* base = c + (TRANS_C ? (long long)n0 * ldc + m0 : (long long)m0 * ldc + n0);
+    for (int idx = t; idx < kOuter * kInner / 8; idx += nthreads) {
+        const int o = idx / (kInner / 8), in = (idx % (kInner / 8)) * 8;
+        if (o >= outer_limit || in >= inner_limit) continue;
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = TRANS_C ? cs[(in + e) * kLd + o] : cs[o * kLd + in + e];
+        OT* p = base + (long long)o * ldc + in;
+        if (VEC_OUT && in + 8 <= inner_limit) {
+            store8<OT>(p, v);
+        } else {
+            for (int e = 0; e < 8 && in + e < inner_limit; ++e) p[e] = from_float<OT>(v[e]);
+        }
+    }
+}
+
 }  // namespace gemm8_sm90
 
 template <class OT, int BM, int BN, int STAGES, bool WS, bool EVEN_K, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
@@ -85,14 +168,8 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
     unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + L::kTiles + L::kScales);
     unsigned long long* empty = full + STAGES;
 
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int per_group = kGroupM * tiles_n;
-    const int group = blockIdx.x / per_group;
-    const int first_m = group * kGroupM;
-    const int rows_in_group = min(tiles_m - first_m, kGroupM);
-    const int tm = first_m + (blockIdx.x % per_group) % rows_in_group;
-    const int tn = (blockIdx.x % per_group) / rows_in_group;
-    const int m0 = tm * BM, n0 = tn * BN;
+    int m0, n0;
+    tile_of<BM, BN>(blockIdx.x, M, N, m0, n0);
     const int kblocks = (K + kRow - 1) / kRow;
 
     auto stage_a = [&](int s) { return smem + s * L::kTileBytes; };
@@ -178,31 +255,10 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
                                   wgmma::desc_advance(db, ks * wgmma::kStepK), ks);
         wgmma::commit();
     };
-    auto promote = [&](int s, float (&ac)[64], int h) {
+    auto promote_half = [&](int s, float (&ac)[64], int h) {
         wgmma::fence_operands(part);
-        const float* ssa = stage_sa(s) + row_in_tile;
-        const float ra0 = ssa[0], ra1 = ssa[8];
-        if constexpr (!SB_ROWS) {
-            const float bsc = stage_sb(s)[h];
-            const float s0 = ra0 * bsc, s1 = ra1 * bsc;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                ac[4 * j + 0] = fmaf(part[4 * j + 0], s0, ac[4 * j + 0]);
-                ac[4 * j + 1] = fmaf(part[4 * j + 1], s0, ac[4 * j + 1]);
-                ac[4 * j + 2] = fmaf(part[4 * j + 2], s1, ac[4 * j + 2]);
-                ac[4 * j + 3] = fmaf(part[4 * j + 3], s1, ac[4 * j + 3]);
-            }
-        } else {
-            const float* ssb = stage_sb(s) + h * 128 + col_in_8;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const float2 bs = *reinterpret_cast<const float2*>(ssb + 8 * j);
-                ac[4 * j + 0] = fmaf(part[4 * j + 0], ra0 * bs.x, ac[4 * j + 0]);
-                ac[4 * j + 1] = fmaf(part[4 * j + 1], ra0 * bs.y, ac[4 * j + 1]);
-                ac[4 * j + 2] = fmaf(part[4 * j + 2], ra1 * bs.x, ac[4 * j + 2]);
-                ac[4 * j + 3] = fmaf(part[4 * j + 3], ra1 * bs.y, ac[4 * j + 3]);
-            }
-        }
+        promote<SB_ROWS>(ac, part, stage_sa(s) + row_in_tile, stage_sb(s) + h * 128 + col_in_8,
+                         SB_ROWS ? 0.0f : stage_sb(s)[h]);
     };
 
     if constexpr (!WS) {
@@ -224,7 +280,7 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
                     mma8::copy_commit();
                 }
                 wgmma::wait<0>();
-                promote(s, acc[h], h);
+                promote_half(s, acc[h], h);
             }
         }
         mma8::copy_wait<0>();
@@ -237,7 +293,7 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
             for (int h = 0; h < kHalves; ++h) {
                 mma_half(s, h);
                 wgmma::wait<0>();
-                promote(s, acc[h], h);      // reads the stage's scales: release the stage after
+                promote_half(s, acc[h], h);      // reads the stage's scales: release the stage after
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[s]);
@@ -246,41 +302,286 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
     // the ring is free (every copy landed, every wgmma finished): it holds the output tile now
     wgmma::bar_sync<1, kConsumerThreads>();
 
-    constexpr int kLd = BN + 1;
     float* cs = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            float* p = cs + row_in_tile * kLd + h * 128 + 8 * j + col_in_8;
-            p[0] = acc[h][4 * j + 0];
-            p[1] = acc[h][4 * j + 1];
-            p[8 * kLd] = acc[h][4 * j + 2];
-            p[8 * kLd + 1] = acc[h][4 * j + 3];
-        }
+    for (int h = 0; h < kHalves; ++h) stash_fragment<BN + 1>(cs, acc[h], row_in_tile, h * 128 + col_in_8);
     wgmma::bar_sync<1, kConsumerThreads>();
-
-    constexpr int kOuter = TRANS_C ? BN : BM, kInner = TRANS_C ? BM : BN;
-    const int outer_limit = TRANS_C ? N - n0 : M - m0, inner_limit = TRANS_C ? M - m0 : N - n0;
-    OT* base = c + (TRANS_C ? (long long)n0 * ldc + m0 : (long long)m0 * ldc + n0);
-    for (int idx = threadIdx.x - (WS ? 128 : 0); idx < kOuter * kInner / 8; idx += kConsumerThreads) {
-        const int o = idx / (kInner / 8), in = (idx % (kInner / 8)) * 8;
-        if (o >= outer_limit || in >= inner_limit) continue;
-        float v[8];
-#pragma unroll
-        for (int t = 0; t < 8; ++t) v[t] = TRANS_C ? cs[(in + t) * kLd + o] : cs[o * kLd + in + t];
-        OT* p = base + (long long)o * ldc + in;
-        if (VEC_OUT && in + 8 <= inner_limit) {
-            gemm8_sm90::store8<OT>(p, v);
-        } else {
-            for (int t = 0; t < 8 && in + t < inner_limit; ++t) p[t] = from_float<OT>(v[t]);
-        }
-    }
+    store_tile<OT, BM, BN, TRANS_C, VEC_OUT>(cs, c, m0, n0, M, N, ldc, threadIdx.x - (WS ? 128 : 0),
+                                            kConsumerThreads);
 #else
     (void)c; (void)a; (void)b; (void)sa; (void)sb; (void)M; (void)N; (void)K; (void)lda; (void)ldb; (void)ldc;
     (void)sa_m; (void)sa_k; (void)sb_n; (void)sb_k;
     unsupported_on_target();   // wgmma needs sm_90a: the host never launches this elsewhere
 #endif
+}
+
+// The same product fed by the Tensor Memory Accelerator (sm_90a): BM = 128 * SLABS rows x BN = 128 columns per
+// tile, 384 threads, persistent (block b takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the cluster takes
+// pairs of tiles side by side along N). Warp 0 is the copy warp: per K block it waits for the ring stage to be
+// free, has the TMA unit copy the A box (BM x 128 bytes) and the B box (128 x 128 bytes) into it, 128B-swizzled and
+// zero-filled past M, N and K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of
+// BM / CLUSTER and 128 rows) and arrives on the stage's `full` barrier, whose phase completes when the bytes
+// have landed (SB_ROWS: the warp also copies the stage's per-column B scales, each lane arriving once its copies
+// land). The math warps read the A scales of their rows (and the tile's B scale) from global memory themselves,
+// one K block ahead of their use. It runs on into the next tile while the math warps store the last one. The copy warpgroup
+// gives its registers to the two math warpgroups (setmaxnreg), each of which owns SLABS m64 slabs of the
+// tile: per K block and slab, 4 wgmma m64n128k32 into fresh partials, then the promotion acc += partial * sa * sb.
+// A math warpgroup releases a stage on its own (one arrival per warp on `empty`), so the two never wait for each
+// other and one's promotion overlaps the other's wgmmas. PIPE (one slab): K block kb + 1's wgmmas are issued
+// before kb's partials are promoted. CLUSTER 2: each block copies half of the A tile into both blocks' rings (TMA
+// multicast), so a stage is free only once both blocks' math warps released it (they arrive on both `empty`
+// barriers). The accumulators go straight from registers to C (pairs of elements; C^T with TRANS_C).
+namespace gemm8_sm90 {
+
+template <class OT>
+ROCJIT_INLINE void store_pair(OT* c, long long ldc, int r, int col, float v0, float v1, int M, int N, bool trans,
+                              bool pairs) {
+    if (r >= M) return;
+    if (trans) {
+        if (col < N) c[(long long)col * ldc + r] = from_float<OT>(v0);
+        if (col + 1 < N) c[(long long)(col + 1) * ldc + r] = from_float<OT>(v1);
+    } else if (pairs && col + 1 < N) {
+        store_vec<2>(c + (long long)r * ldc + col, vec<OT, 2>{{from_float<OT>(v0), from_float<OT>(v1)}});
+    } else {
+        if (col < N) c[(long long)r * ldc + col] = from_float<OT>(v0);
+        if (col + 1 < N) c[(long long)r * ldc + col + 1] = from_float<OT>(v1);
+    }
+}
+
+template <class OT, int SLABS, int STAGES, bool PIPE, int CLUSTER, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT* __restrict__ c,
+                            const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
+                            long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+#if ROCJIT_HAS_WGMMA
+    constexpr int BM = 128 * SLABS, BN = 128;
+    using L = layout<BM, BN, STAGES>;
+    // registers per thread after setmaxnreg (128 x copy + 256 x math <= 64K): two slabs need 232 in the math warps
+    constexpr int kCopyRegs = SLABS == 2 ? 40 : 56, kMathRegs = SLABS == 2 ? 232 : 224;
+    static_assert(SLABS == 1 || SLABS == 2, "SLABS: m64 slabs per math warpgroup, 1 or 2");
+    // per-column B scales (wgrad) need 32 more registers in the promotion: 2 slabs would spill past 232
+    static_assert(!(SB_ROWS && SLABS == 2), "per-row B scales run with one slab per math warpgroup");
+    static_assert(!(PIPE && SLABS == 2), "two partial sets fit one slab per math warpgroup");
+    static_assert(!(PIPE && SB_ROWS), "two partial sets and per-column B scales would spill past 232");
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER: 1, or 2 blocks sharing the A tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    float* scales = reinterpret_cast<float*>(smem + L::kTiles);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + L::kTiles + L::kScales);
+    unsigned long long* empty = full + STAGES;
+    auto stage_a = [&](int s) { return smem + s * L::kTileBytes; };
+    auto stage_b = [&](int s) { return smem + s * L::kTileBytes + BM * kRow; };
+    auto stage_sa = [&](int s) { return scales + s * (BM + BN); };
+    auto stage_sb = [&](int s) { return scales + s * (BM + BN) + BM; };
+
+    const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+    const int units = (M + BM - 1) / BM * ((N + BN * CLUSTER - 1) / (BN * CLUSTER));   // tiles (pairs) to do
+    const int first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
+    auto tile = [&](int u, int& m0, int& n0) {
+        tile_of<BM, BN * CLUSTER>(u, M, N, m0, n0);
+        n0 += rank * BN;
+    };
+    const int kblocks = (K + kRow - 1) / kRow;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], SB_ROWS ? 32 : 1);
+            mbar_init(&empty[s], 8 * CLUSTER);
+        }
+        mbar_init_fence();
+    }
+    if constexpr (CLUSTER > 1) {
+        cluster_sync();                         // the other block's barriers exist before anything reaches them
+    } else {
+        __syncthreads();
+    }
+
+    if (warp < 4) {                             // the copy warpgroup: warp 0 fills the ring, the others idle
+        tma::release_registers<kCopyRegs>();
+        if (warp == 0) {
+            if (lane == 0) {
+                tma::prefetch(&tma_a);
+                tma::prefetch(&tma_b);
+            }
+            int it = 0;                         // K blocks copied so far, over every tile of this block
+            for (int u = first; u < units; u += step) {
+                int m0, n0;
+                tile(u, m0, n0);
+                for (int kb = 0; kb < kblocks; ++kb, ++it) {
+                    const int s = it % STAGES, round = it / STAGES;
+                    if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+                    if (lane == 0) {
+                        tma::expect_bytes(&full[s], (BM + BN) * kRow);
+                        if constexpr (CLUSTER > 1) {
+                            constexpr int kPart = BM / CLUSTER;
+                            tma::load_2d_multicast(stage_a(s) + rank * kPart * kRow, &tma_a, kb * kRow,
+                                                   m0 + rank * kPart, &full[s], (unsigned short)((1u << CLUSTER) - 1));
+                        } else {
+                            tma::load_2d(stage_a(s), &tma_a, kb * kRow, m0, &full[s]);
+                        }
+                        tma::load_2d(stage_b(s), &tma_b, kb * kRow, n0, &full[s]);
+                    }
+                    if constexpr (SB_ROWS) {        // per-column B scales through the ring (the A scales: below)
+                        float* ss = stage_sb(s);
+#pragma unroll
+                        for (int j = 0; j < BN / 32; ++j) {
+                            const int n = n0 + lane + 32 * j;
+                            mma8::copy4(ss + lane + 32 * j, n < N ? sb + (long long)n * sb_n + (long long)kb * sb_k : sb,
+                                        n < N);
+                        }
+                        cp_async_arrive(&full[s]);
+                    } else if (lane == 0) {
+                        mbar_arrive(&full[s]);
+                    }
+                }
+            }
+        }
+    } else {
+        tma::claim_registers<kMathRegs>();
+        const int cg = warp / 4 - 1;            // math warpgroup 0 or 1
+        const int col_in_8 = 2 * (lane & 3);
+        float acc[SLABS][64], part[64], next[64];
+#pragma unroll
+        for (int e = 0; e < 64; ++e) part[e] = next[e] = 0.0f;
+        auto wait_full = [&](int i) { mbar_wait(&full[i % STAGES], (i / STAGES) & 1); };
+        auto issue = [&](float (&p)[64], int s, int slab) {     // slab's 4 k32 steps of stage s, fresh partials
+            const unsigned long long da = wgmma::desc_sw128(smem_u32(stage_a(s) + slab * 64 * kRow));
+            const unsigned long long db = wgmma::desc_sw128(smem_u32(stage_b(s)));
+            wgmma::fence_operands(p);
+            wgmma::fence();
+#pragma unroll
+            for (int ks = 0; ks < kRow / wgmma::kStepK; ++ks)
+                wgmma::mma_m64n128k32(p, wgmma::desc_advance(da, ks * wgmma::kStepK),
+                                      wgmma::desc_advance(db, ks * wgmma::kStepK), ks);
+            wgmma::commit();
+        };
+        // the A scales of this thread's rows (and the tile's B scale) straight from global memory, one K block
+        // ahead of their use: the copy warp only issues the TMA copies
+        const float* rows_sa[SLABS][2];
+        const float* tile_sb = sb;
+        float cur_sa[SLABS][2], nxt_sa[SLABS][2], cur_sb = 0.0f, nxt_sb = 0.0f;
+        auto fetch_scales = [&](int kb) {
+#pragma unroll
+            for (int j = 0; j < SLABS; ++j) {
+                nxt_sa[j][0] = rows_sa[j][0][(long long)kb * sa_k];
+                nxt_sa[j][1] = rows_sa[j][1][(long long)kb * sa_k];
+            }
+            if constexpr (!SB_ROWS) nxt_sb = tile_sb[(long long)kb * sb_k];
+        };
+        auto take_scales = [&]() {
+#pragma unroll
+            for (int j = 0; j < SLABS; ++j) {
+                cur_sa[j][0] = nxt_sa[j][0];
+                cur_sa[j][1] = nxt_sa[j][1];
+            }
+            cur_sb = nxt_sb;
+        };
+        auto promote_slab = [&](float (&p)[64], int s, int j) {
+            wgmma::fence_operands(p);
+            promote_rows<SB_ROWS>(acc[j], p, cur_sa[j][0], cur_sa[j][1], stage_sb(s) + col_in_8, cur_sb);
+        };
+        auto release = [&](int s) {             // this warp's wgmmas and scale reads of stage s are done
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(&empty[s]);
+                if constexpr (CLUSTER > 1)
+                    for (int r = 1; r < CLUSTER; ++r) mbar_arrive_remote(&empty[s], (rank + r) % CLUSTER);
+            }
+        };
+        int it = 0;                             // K blocks consumed so far
+        for (int u = first; u < units; u += step) {
+            int m0, n0;
+            tile(u, m0, n0);
+#pragma unroll
+            for (int e = 0; e < 64; ++e) {
+#pragma unroll
+                for (int j = 0; j < SLABS; ++j) acc[j][e] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < SLABS; ++j) {    // rows past M read row M - 1's scales (never stored)
+                const int r = m0 + (cg * SLABS + j) * 64 + (warp & 3) * 16 + (lane >> 2);
+                rows_sa[j][0] = sa + (long long)min(r, M - 1) * sa_m;
+                rows_sa[j][1] = sa + (long long)min(r + 8, M - 1) * sa_m;
+            }
+            if constexpr (!SB_ROWS) tile_sb = sb + (long long)(min(n0, N - 1) / 128) * sb_n;
+            fetch_scales(0);
+            if constexpr (!PIPE) {
+                for (int kb = 0; kb < kblocks; ++kb, ++it) {
+                    const int s = it % STAGES;
+                    take_scales();
+                    if (kb + 1 < kblocks) fetch_scales(kb + 1);
+                    wait_full(it);
+#pragma unroll
+                    for (int j = 0; j < SLABS; ++j) {
+                        issue(part, s, cg * SLABS + j);
+                        wgmma::wait<0>();
+                        promote_slab(part, s, j);
+                    }
+                    release(s);
+                }
+            } else {
+                auto one = [&](int kb, float (&cur)[64], float (&nxt)[64]) {
+                    take_scales();
+                    if (kb + 1 < kblocks) fetch_scales(kb + 1);
+                    if (kb + 1 < kblocks) {
+                        wait_full(it + 1);
+                        issue(nxt, (it + 1) % STAGES, cg);
+                        wgmma::wait<1>();
+                    } else {
+                        wgmma::wait<0>();
+                    }
+                    promote_slab(cur, it % STAGES, 0);
+                    release(it % STAGES);
+                    ++it;
+                };
+                wait_full(it);
+                issue(part, it % STAGES, cg);
+                for (int kb = 0; kb < kblocks; kb += 2) {
+                    one(kb, part, next);
+                    if (kb + 1 < kblocks) one(kb + 1, next, part);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < SLABS; ++j) {
+                const int r0 = m0 + (cg * SLABS + j) * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+                for (int q = 0; q < 16; ++q) {
+                    const int col = n0 + 8 * q + col_in_8;
+                    store_pair<OT>(c, ldc, r0, col, acc[j][4 * q], acc[j][4 * q + 1], M, N, TRANS_C, VEC_OUT);
+                    store_pair<OT>(c, ldc, r0 + 8, col, acc[j][4 * q + 2], acc[j][4 * q + 3], M, N, TRANS_C, VEC_OUT);
+                }
+            }
+        }
+    }
+    // no block leaves while the other may still multicast into its ring or arrive on its barriers
+    if constexpr (CLUSTER > 1) cluster_sync();
+#else
+    (void)tma_a; (void)tma_b; (void)c; (void)sa; (void)sb; (void)M; (void)N; (void)K; (void)ldc; (void)sa_m;
+    (void)sa_k; (void)sb_n; (void)sb_k;
+    unsupported_on_target();   // TMA and wgmma need sm_90a: the host never launches this elsewhere
+#endif
+}
+
+}  // namespace gemm8_sm90
+
+// One block per tile pass (launched with at most one block per multiprocessor).
+template <class OT, int SLABS, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+__launch_bounds__(384, 1) __global__ void gemm_fp8_blockwise_tma_kernel(
+    ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
+    const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K, long long ldc, long long sa_m,
+    long long sa_k, long long sb_n, long long sb_k) {
+    gemm8_sm90::tma_gemm<OT, SLABS, STAGES, PIPE, 1, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, sa, sb, M, N, K, ldc,
+                                                                               sa_m, sa_k, sb_n, sb_k);
+}
+
+// The same in clusters of 2 blocks sharing each A tile (the grid a multiple of 2).
+template <class OT, int SLABS, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+__launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))) gemm_fp8_blockwise_tma2_kernel(
+    ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
+    const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K, long long ldc, long long sa_m,
+    long long sa_k, long long sb_n, long long sb_k) {
+    gemm8_sm90::tma_gemm<OT, SLABS, STAGES, PIPE, 2, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, sa, sb, M, N, K, ldc,
+                                                                               sa_m, sa_k, sb_n, sb_k);
 }
 
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__hip_bfloat16, 128, 128, 6, true, true, false, false, true>
@@ -291,3 +592,10 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<float, 128, 128, 6, true, false, true, true, true>
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<float, 128, 256, 4, false, false, true, true, true>
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__half, 128, 256, 4, false, false, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 2, 4, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 2, 4, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, true, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 1, 6, true, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma2_kernel<float, 1, 6, false, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__half, 1, 6, false, true, false, false>

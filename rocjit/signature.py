@@ -57,7 +57,7 @@ BF16_TYPES = {"__hip_bfloat16", "hip_bfloat16", "__nv_bfloat16", "__bf16"}
 
 _ATTRIBUTES = {"__launch_bounds__", "__attribute__", "__declspec", "alignas", "__maxnreg__"}
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "class", "enum",
-               "__grid_constant__", "typename"}
+               "__grid_constant__", "ROCJIT_GRID_CONSTANT", "typename"}
 _INT_WORDS = {"signed", "unsigned", "short", "long", "int", "char"}
 # a pointer to pointers (T**, T* x[]) is an array of device addresses
 POINTER_ARRAY_DTYPES = ("int64", "uint64")

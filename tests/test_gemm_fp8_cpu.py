@@ -82,15 +82,28 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     monkeypatch.delenv("ROCJIT_GEMM_FP8_SM90", raising=False)
     assert G.candidates("sm_90a", 227 * 1024) == G.candidates("sm_90a", 227 * 1024, sm90=True)
     cands = G.candidates("sm_90a", 227 * 1024)
-    wg = [c for c in cands if c.get("kernel") == "sm90"]
+    wg = [c for c in cands if c.get("kernel") in ("sm90", "tma")]
     assert len(wg) >= 3 and all(G.smem_bytes(c) <= 227 * 1024 for c in wg)
-    assert all(G.threads(c, "sm_90a") == (c["bm"] // 64 + c["ws"]) * 128 for c in wg)
-    # prefill-sized products take the wgmma kernel by default, decode-sized ones the mma.sync kernel
+    assert all(G.threads(c, "sm_90a") == (c["bm"] // 64 + c["ws"]) * 128 for c in wg if c["kernel"] == "sm90")
+    # prefill-sized products take the TMA kernel by default (256-row tiles while every SM gets one), decode-sized
+    # ones the mma.sync kernel
+    big = G.default_config(4096, 4096, 132, cands)
+    assert big == {"kernel": "tma", "bm": 256, "bn": 128, "stages": 4, "pipe": False, "cluster": 1}
+    assert G.default_config(1024, 2112, 132, cands)["bm"] == 128            # 4 x 17 256-row tiles: too few
+    assert G.default_config(256, 256, 132, cands)["kernel"] == "tma"
+    assert "kernel" not in G.default_config(1, 7168, 132, cands)
+    tma = [c for c in cands if c.get("kernel") == "tma"]
+    assert len(tma) == len(G._TMA_TILES) and all(G.threads(c, "sm_90a") == 384 for c in tma)
+    assert all(c["bm"] == 128 and not c["pipe"] for c in G.candidates("sm_90a", 227 * 1024, sb_rows=True)
+               if c.get("kernel") == "tma")
+    # without the TMA kernel: the cp.async-fed wgmma kernel, as before
+    monkeypatch.setenv("ROCJIT_GEMM_FP8_TMA", "0")
+    cands = G.candidates("sm_90a", 227 * 1024)
+    assert not any(c.get("kernel") == "tma" for c in cands)
     big = G.default_config(4096, 4096, 132, cands)
     assert big.get("kernel") == "sm90" and (big["bm"], big["bn"], big["ws"]) == (128, 256, False)
     assert G.default_config(4096, 2112, 132, cands)["bn"] == 256            # 32 x 9 tiles: still every SM busy
     assert (G.default_config(256, 256, 132, cands)["bm"], G.default_config(128, 7168, 132, cands)["bm"]) == (64, 64)
-    assert "kernel" not in G.default_config(1, 7168, 132, cands)
 
 
 def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
@@ -106,9 +119,17 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     assert len(rows) >= 5 and all(r["status"] == "ok" for r in rows)
     assert all(int(r["matrix"]) >= 4 for r in rows)          # 4 k32 steps of m64n128k32 per K block
     for r in rows:
+        if "_tma" in r["kernel"]:           # 384 threads; setmaxnreg moves registers between the warpgroups
+            assert int(r["registers"]) * 384 <= 65536, r
+            continue
         bm, ws = re.search(r"<[^,]+, (\d+), \d+, \d+, (true|false),", r["kernel"]).groups()
         assert int(r["registers"]) * (int(bm) // 64 + (ws == "true")) * 128 <= 65536, r
+    assert {r["kernel"].split("<")[0] for r in rows} >= {"gemm_fp8_blockwise_tma_kernel", "gemm_fp8_blockwise_tma2_kernel"}
     text = src.read_text()
     for c in G.candidates("sm_90a", 227 * 1024, sm90=True):
         if c.get("kernel") == "sm90":
             assert f", {c['bm']}, {c['bn']}, {c['stages']}, {'true' if c['ws'] else 'false'}," in text, c
+        elif c.get("kernel") == "tma":
+            kname = "gemm_fp8_blockwise_tma2_kernel" if c["cluster"] == 2 else "gemm_fp8_blockwise_tma_kernel"
+            assert re.search(rf"{kname}<[^,]+, {c['bm'] // 128}, {c['stages']}, {'true' if c['pipe'] else 'false'},",
+                             text), c

@@ -32,6 +32,17 @@ ROCJIT_INLINE void mbar_arrive(unsigned long long* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(bar)) : "memory");
 #endif
 }
+// Arrive on the mbarrier at `bar`'s offset in the shared memory of block `rank` of this cluster (release at
+// cluster scope: this thread's earlier accesses happen before the phase it completes).
+ROCJIT_INLINE void mbar_arrive_remote(unsigned long long* bar, unsigned rank) {
+#if ROCJIT_HAS_MBARRIER
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+#else
+    (void)bar; (void)rank;
+#endif
+}
 // Wait for the phase of parity `parity` to complete.
 ROCJIT_INLINE void mbar_wait(unsigned long long* bar, unsigned parity) {
 #if ROCJIT_HAS_MBARRIER

@@ -105,7 +105,7 @@ def run(argv) -> dict:
 
 
 def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):
-    """{'NT_wgmma_<cfg>': launch} for each wgmma config on sm_90a whose output matches the op's NT output (one that
+    """{'NT_wgmma_<cfg>' / 'NT_tma_<cfg>': launch} for each config of the two sm_90a kernels whose output matches the op's NT output (one that
     disagrees or fails is not timed; a note says so)."""
     from rocjit.ops import _gemm
     from rocjit.ops import gemm_fp8 as G
@@ -117,7 +117,7 @@ def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):
     a_km, b_km, sa, sb = xq.view(torch.uint8), wq.view(torch.uint8), G._strided(xs), G._strided(ws)
     out = {}
     for cfg in G.candidates(target, G._smem_limit(xq.device.index or 0), sm90=True):
-        if cfg.get("kernel") != "sm90":
+        if cfg.get("kernel") not in ("sm90", "tma"):
             continue
         c = torch.full((M, N), float("nan"), device=xq.device, dtype=torch.bfloat16)
         fn = (lambda cfg=cfg, c=c: G._launch(cfg, c, a_km, b_km, sa, sb, M, N, K, False, False))
@@ -129,7 +129,8 @@ def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):
         if bad:
             result.setdefault("notes", []).append(f"wgmma kernel {cfg} at {M}x{N}x{K}: {bad} (elements wrong): not timed")
             continue
-        out[f"NT_wgmma_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{'ws' if cfg['ws'] else ''}"] = fn
+        kind = "tma" if cfg["kernel"] == "tma" else "wgmma"
+        out[f"NT_{kind}_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{'ws' if cfg.get('ws') else ''}"] = fn
     return out
 
 

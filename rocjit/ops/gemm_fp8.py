@@ -55,6 +55,14 @@ _TILES = ((128, 128, 2, 4), (128, 64, 4, 2), (64, 128, 2, 2), (64, 64, 2, 2))
 
 # sm_90a wgmma kernel: (BM, BN, stages, warp-specialized); BM = 64 rows per consumer warpgroup
 _SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), (64, 128, 4, False))
+# sm_90a TMA kernel: (BM, stages, pipelined partials, cluster), BN 128; BM = 128 * m64 slabs per math warpgroup
+_TMA_TILES = ((256, 4, False, 2), (256, 4, False, 1), (128, 6, True, 2), (128, 6, True, 1), (128, 6, False, 2),
+              (128, 6, False, 1))
+
+
+def tma_enabled() -> bool:
+    """Whether the op offers the TMA-fed wgmma kernel on sm_90a (ROCJIT_GEMM_FP8_TMA=0 leaves it out)."""
+    return os.environ.get("ROCJIT_GEMM_FP8_TMA", "1") != "0"
 
 
 def sm90_enabled() -> bool:
@@ -67,7 +75,7 @@ def _stage_bytes(bm: int, bn: int) -> int:
 
 
 def smem_bytes(cfg: dict) -> int:
-    if cfg.get("kernel") == "sm90":       # ring + scales + 2 mbarriers per stage + 1024 B to align the ring
+    if cfg.get("kernel") in ("sm90", "tma"):       # ring + scales + 2 mbarriers per stage + 1024 B to align the ring
         return cfg["stages"] * (_stage_bytes(cfg["bm"], cfg["bn"]) + 16) + 1024
     return max(cfg["stages"] * _stage_bytes(cfg["bm"], cfg["bn"]), cfg["bm"] * (cfg["bn"] + 1) * 4)
 
@@ -79,15 +87,22 @@ def is_sm90a(target: str) -> bool:
 def threads(cfg: dict, target: str) -> int:
     if cfg.get("kernel") == "sm90":
         return (cfg["bm"] // 64 + int(cfg["ws"])) * 128
+    if cfg.get("kernel") == "tma":
+        return 384
     from rocjit import targets
     return cfg["wm"] * cfg["wn"] * targets.wave_size(target)
 
 
-def candidates(target: str, smem_limit: int, sm90: bool | None = None) -> list[dict]:
-    """Tile configs that fit `smem_limit`; on sm_90a the wgmma kernel's first when `sm90` (default:
-    sm90_enabled())."""
+def candidates(target: str, smem_limit: int, sm90: bool | None = None, sb_rows: bool = False) -> list[dict]:
+    """Tile configs that fit `smem_limit`; on sm_90a the TMA kernel's and the wgmma kernel's first when `sm90`
+    (default: sm90_enabled()). `sb_rows` (per-row B scales): the TMA kernel's 128-row tile only."""
     nvidia = target.startswith("sm_")
     out = []
+    if (sm90_enabled() if sm90 is None else sm90) and is_sm90a(target) and tma_enabled():
+        for bm, stages, pipe, cluster in _TMA_TILES:
+            cfg = {"kernel": "tma", "bm": bm, "bn": 128, "stages": stages, "pipe": pipe, "cluster": cluster}
+            if smem_bytes(cfg) <= smem_limit and not (sb_rows and (bm > 128 or pipe)):
+                out.append(cfg)
     if (sm90_enabled() if sm90 is None else sm90) and is_sm90a(target):
         for bm, bn, stages, ws in _SM90_TILES:
             cfg = {"kernel": "sm90", "bm": bm, "bn": bn, "stages": stages, "ws": ws}
@@ -104,10 +119,15 @@ def candidates(target: str, smem_limit: int, sm90: bool | None = None) -> list[d
 
 def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
     """Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
-    sm_90a (wgmma candidates present) above 64 rows: the largest tile that still gives every multiprocessor one
-    (128 x 256, then 128 x 128, 4 stages), else 64 x 128 (fastest of the four on an H100 at 4096^3, at
-    DeepSeek-V3's M = 4096 shapes and at M = 128; the warp-specialized tile was slowest at all of them)."""
+    sm_90a above 64 rows: the TMA kernel (no cluster, no pipelined partials: both measured slower on an H100 at
+    every shape of `bench gemm_fp8`) with 256 x 128 tiles when that gives every multiprocessor one, else 128 x 128;
+    with the TMA kernel turned off, the wgmma kernel's largest such tile (128 x 256, then 128 x 128), else 64 x 128."""
     tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
+    tma = [c for c in cands if c.get("kernel") == "tma" and c["cluster"] == 1 and not c["pipe"]]
+    if tma and M > 64:
+        for c in tma:                              # the largest tile that gives every multiprocessor one
+            if tiles(c["bm"], c["bn"]) >= sms or c is tma[-1]:
+                return c
     wg = [c for c in cands if c.get("kernel") == "sm90"]
     if wg and M > 64:
         for bm, bn in ((128, 256), (128, 128), (64, 128)):
@@ -218,6 +238,8 @@ def _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, call=UNRECORD
     """One kernel launch: a_km [M, K'] / b_km [N, K'] uint8 K-major, sa / sb (tensor, stride, stride)."""
     vec_out = (M if trans_c else N) % 8 == 0 and C.aligned(c)
     flags = f"{C.cbool(K % BLOCK == 0)}, {C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}"
+    if cfg.get("kernel") == "tma":
+        return _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, call)
     if cfg.get("kernel") == "sm90":
         name = (f"gemm_fp8_blockwise_sm90_kernel<{G.ctype(c.dtype)}, {cfg['bm']}, {cfg['bn']}, {cfg['stages']}, "
                 f"{C.cbool(cfg['ws'])}, {flags}>")
@@ -233,11 +255,33 @@ def _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, call=UNRECORD
     return c
 
 
+def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, call):
+    """The TMA kernel: the operands go in as tensor maps (by-value kernel parameters, encoded by the driver for
+    each new address and shape), so a call records no plan: it is for products whose GPU time dwarfs the host's."""
+    from rocjit.platform import cuda
+    bm, cluster = cfg["bm"], cfg["cluster"]
+    if sb_rows and (bm > 128 or cfg["pipe"]):
+        raise ValueError(f"{NAME}: the TMA kernel's config {cfg} does not take per-row B scales")
+    ta = cuda.tensor_map_2d(a_km.data_ptr(), K, M, a_km.stride(0), BLOCK, bm // cluster)
+    tb = cuda.tensor_map_2d(b_km.data_ptr(), K, N, b_km.stride(0), BLOCK, 128)
+    kname = "gemm_fp8_blockwise_tma2_kernel" if cluster == 2 else "gemm_fp8_blockwise_tma_kernel"
+    name = (f"{kname}<{G.ctype(c.dtype)}, {bm // 128}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, {C.cbool(sb_rows)}, "
+            f"{C.cbool(trans_c)}, {C.cbool(vec_out)}>")
+    kernel = C.module(SRC_SM90)[name]
+    # persistent: at most one block per multiprocessor (pairs of them with clusters), each walking its tiles
+    units = C.ceil_div(M, bm) * C.ceil_div(N, 128 * cluster)
+    grid = min(units, G._device(c.device.index or 0)[2] // cluster) * cluster
+    call.launch(kernel, grid, 384, ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2],
+                shared_mem=smem_bytes(cfg))
+    return c
+
+
 @functools.lru_cache(maxsize=1)
 def src_hash() -> str:
     from rocjit.compiler import kernels_src_dir
     return tune.source_hash(kernels_src_dir() / SRC, kernels_src_dir() / "rocjit" / "mma_fp8.h",
-                            kernels_src_dir() / SRC_SM90, kernels_src_dir() / "rocjit" / "wgmma.h")
+                            kernels_src_dir() / SRC_SM90, kernels_src_dir() / "rocjit" / "wgmma.h",
+                            kernels_src_dir() / "rocjit" / "tma.h")
 
 
 def _smem_limit(dev: int) -> int:
@@ -250,14 +294,16 @@ def _smem_limit(dev: int) -> int:
 def config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target):
     dev = c.device.index or 0
     _, devname, sms = G._device(dev)
-    cands = candidates(target, _smem_limit(dev))
+    cands = candidates(target, _smem_limit(dev), sb_rows=sb_rows)
     default = default_config(M, N, sms, cands)
 
     def bench(cfg):
         return tune.time_gpu(lambda: _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c), warmup=2, reps=10)
 
-    return tune.pick(NAME, bucket=tune.bucket(m=M, n=N, k=K), dtype=f"{a_km.dtype}-{G.ctype(c.dtype)}".replace(
-        "torch.", ""), device=devname, src_hash=src_hash(), candidates=cands, default=default, bench=bench)
+    # per-row B scales have candidates of their own (the TMA kernel's 256-row tile does not take them)
+    dtype = f"{a_km.dtype}-{G.ctype(c.dtype)}{'-sb_rows' if sb_rows else ''}".replace("torch.", "")
+    return tune.pick(NAME, bucket=tune.bucket(m=M, n=N, k=K), dtype=dtype, device=devname, src_hash=src_hash(),
+                     candidates=cands, default=default, bench=bench)
 
 
 def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):

@@ -105,10 +105,12 @@ def test_every_tile_config_with_tails():
         _close(out, ref, torch.bfloat16)
 
 
-# the wgmma kernel (sm_90a): M / N tails, K tails (K % 128 != 0; K % 16 != 0 through the padded copy), more K
-# blocks than ring stages, per-row B scales (wgrad), the transposed store, fp32 / bf16 / fp16 out, every config
+# the wgmma kernels (sm_90a; cp.async-fed and TMA-fed): M / N tails, K tails (K % 128 != 0; K % 16 != 0 through
+# the padded copy), more K blocks than ring stages, per-row B scales (wgrad), the transposed store, fp32 / bf16 /
+# fp16 out, more tiles than multiprocessors (the TMA kernel's persistent blocks walk several), every config
 SM90_CASES = [(200, 136, 384, False, False), (77, 300, 208, True, False), (257, 264, 1024, False, True),
-              (130, 520, 200, True, True), (384, 256, 2048, False, False)]
+              (130, 520, 200, True, True), (384, 256, 2048, False, False),
+              (2100, 2100, 384, False, False), (2100, 1900, 256, True, True)]   # more tiles than multiprocessors
 
 
 @pytest.mark.parametrize("od", [torch.bfloat16, torch.float32, torch.float16])
@@ -120,8 +122,9 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
     xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M * 7 + K)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     sa, sb = G._strided(xs), G._strided(ws)
-    wg = [c for c in G.candidates(target, G._smem_limit(0), sm90=True) if c.get("kernel") == "sm90"]
-    assert len(wg) >= 3
+    wg = [c for c in G.candidates(target, G._smem_limit(0), sm90=True, sb_rows=sb_rows) if c.get("kernel")]
+    assert len([c for c in wg if c["kernel"] == "sm90"]) >= 3
+    assert len([c for c in wg if c["kernel"] == "tma"]) == len([t for t in G._TMA_TILES if not sb_rows or (t[0] == 128 and not t[2])])
     for cfg in wg:
         out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=od)
         G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c)
@@ -134,7 +137,7 @@ def test_wgmma_kernel_is_the_default_for_prefill_shapes(monkeypatch):
         pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
     monkeypatch.delenv("ROCJIT_GEMM_FP8_SM90", raising=False)         # on by default on sm_90a
     cands = G.candidates(target, G._smem_limit(0))
-    assert G.default_config(4096, 4096, _gemm._device(0)[2], cands).get("kernel") == "sm90"
+    assert G.default_config(4096, 4096, _gemm._device(0)[2], cands).get("kernel") == "tma"
     xq, xs, wq, ws, ref = _operands(1000, 1100, 640, False, seed=11)
     out = torch.full((1000, 1100), float("nan"), device="cuda", dtype=torch.float32)
     _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws, out=out, out_dtype=torch.float32), ref, torch.float32)
