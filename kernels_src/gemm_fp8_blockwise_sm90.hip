@@ -370,7 +370,6 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     unsigned long long* empty = full + STAGES;
     auto stage_a = [&](int s) { return smem + s * L::kTileBytes; };
     auto stage_b = [&](int s) { return smem + s * L::kTileBytes + BM * kRow; };
-    auto stage_sa = [&](int s) { return scales + s * (BM + BN); };
     auto stage_sb = [&](int s) { return scales + s * (BM + BN) + BM; };
 
     const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;

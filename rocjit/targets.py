@@ -44,7 +44,6 @@ def is_ptx(target: str) -> bool:
     return vendor(target) == "cuda" and target.startswith("compute_")
 
 
-
 def nvidia_arch(target: str) -> int:
     """The compute capability of an NVIDIA target as one number (sm_90a -> 90, compute_89 -> 89); 0 for AMD."""
     return int(re.sub(r"\D", "", target)) if vendor(target) == "cuda" else 0

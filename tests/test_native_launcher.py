@@ -237,7 +237,7 @@ class NativeFake(FastFake):
         super().__init__(1)
         self.drv = drv
 
-    def native_launch(self):
+    def native_launch(self, pdl=False):
         return self.drv.launch_addr, self.drv.ctx_addr
 
 

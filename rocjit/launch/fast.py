@@ -155,7 +155,7 @@ def _native_spec(kernel, plat, spec: ParamSpec, torch, pdl: bool):
     """The native launcher's description of this kernel, or None where it is unavailable: no C compiler, a
     framework without the DLPack C exchange API, a platform without a native launch here."""
     api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)   # torch >= 2.10 publishes it
-    hook = plat.native_launch(pdl=True) if pdl else plat.native_launch()
+    hook = plat.native_launch(pdl=pdl)
     if hook is None or api is None:
         return None
     from rocjit import native

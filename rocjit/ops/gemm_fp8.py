@@ -60,6 +60,11 @@ _TMA_TILES = ((256, 4, False, 2), (256, 4, False, 1), (128, 6, True, 2), (128, 6
               (128, 6, False, 1))
 
 
+def _tma_takes(bm: int, pipe: bool, sb_rows: bool) -> bool:
+    """Per-row B scales fit the TMA kernel's registers only with its 128-row tile and without pipelined partials."""
+    return not (sb_rows and (bm > 128 or pipe))
+
+
 def tma_enabled() -> bool:
     """Whether the op offers the TMA-fed wgmma kernel on sm_90a (ROCJIT_GEMM_FP8_TMA=0 leaves it out)."""
     return os.environ.get("ROCJIT_GEMM_FP8_TMA", "1") != "0"
@@ -98,12 +103,13 @@ def candidates(target: str, smem_limit: int, sm90: bool | None = None, sb_rows: 
     (default: sm90_enabled()). `sb_rows` (per-row B scales): the TMA kernel's 128-row tile only."""
     nvidia = target.startswith("sm_")
     out = []
-    if (sm90_enabled() if sm90 is None else sm90) and is_sm90a(target) and tma_enabled():
+    hopper = (sm90_enabled() if sm90 is None else sm90) and is_sm90a(target)
+    if hopper and tma_enabled():
         for bm, stages, pipe, cluster in _TMA_TILES:
             cfg = {"kernel": "tma", "bm": bm, "bn": 128, "stages": stages, "pipe": pipe, "cluster": cluster}
-            if smem_bytes(cfg) <= smem_limit and not (sb_rows and (bm > 128 or pipe)):
+            if smem_bytes(cfg) <= smem_limit and _tma_takes(bm, pipe, sb_rows):
                 out.append(cfg)
-    if (sm90_enabled() if sm90 is None else sm90) and is_sm90a(target):
+    if hopper:
         for bm, bn, stages, ws in _SM90_TILES:
             cfg = {"kernel": "sm90", "bm": bm, "bn": bn, "stages": stages, "ws": ws}
             if smem_bytes(cfg) <= smem_limit:
@@ -260,7 +266,7 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     each new address and shape), so a call records no plan: it is for products whose GPU time dwarfs the host's."""
     from rocjit.platform import cuda
     bm, cluster = cfg["bm"], cfg["cluster"]
-    if sb_rows and (bm > 128 or cfg["pipe"]):
+    if not _tma_takes(bm, cfg["pipe"], sb_rows):
         raise ValueError(f"{NAME}: the TMA kernel's config {cfg} does not take per-row B scales")
     ta = cuda.tensor_map_2d(a_km.data_ptr(), K, M, a_km.stride(0), BLOCK, bm // cluster)
     tb = cuda.tensor_map_2d(b_km.data_ptr(), K, N, b_km.stride(0), BLOCK, 128)

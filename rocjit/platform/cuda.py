@@ -279,26 +279,32 @@ def fast_launch() -> FastLaunch:
 _TMAP_UINT8, _TMAP_SWIZZLE_128B, _TMAP_L2_256B = 0, 3, 3
 
 
-@functools.lru_cache(maxsize=4096)
-def tensor_map_2d(address: int, inner: int, rows: int, row_stride: int, box_inner: int, box_rows: int) -> bytes:
-    """The CUtensorMap (128 bytes, for a kernel's by-value tensor-map parameter) of a byte matrix at `address`:
-    `rows` rows of `inner` bytes, `row_stride` bytes apart (a multiple of 16; address 16-byte aligned), copied in
-    boxes of box_rows x box_inner bytes, 128B-swizzled, zeros read outside the matrix. A map only describes
-    memory, so one encoded for an address serves every later tensor with the same address and shape."""
-    d = _drv()
-    fn = getattr(d.lib, "cuTensorMapEncodeTiled", None)
+@functools.lru_cache(maxsize=1)
+def _tensor_map_encoder():
+    """libcuda's cuTensorMapEncodeTiled, bound once (absent before CUDA 12 drivers: not in _Driver's list)."""
+    fn = getattr(_drv().lib, "cuTensorMapEncodeTiled", None)
     if fn is None:
         raise PlatformError("this NVIDIA driver has no cuTensorMapEncodeTiled (tensor maps need a CUDA 12 driver)")
     P = ctypes.c_void_p
     fn.argtypes = [P, ctypes.c_int, ctypes.c_uint, P, P, P, P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int]
     fn.restype = ctypes.c_int
+    return fn
+
+
+@functools.lru_cache(maxsize=4096)
+def tensor_map_2d(address: int, inner: int, rows: int, row_stride: int, box_inner: int, box_rows: int) -> bytes:
+    """The CUtensorMap (128 bytes, for a kernel's by-value tensor-map parameter) of a byte matrix at `address`:
+    `rows` rows of `inner` bytes, `row_stride` bytes apart (a multiple of 16; address 16-byte aligned), copied in
+    boxes of box_rows x box_inner bytes, 128B-swizzled, zeros read outside the matrix. A map only describes
+    memory, so one encoded for an address serves every later tensor with the same address and shape."""
+    fn, P = _tensor_map_encoder(), ctypes.c_void_p
     buf = ctypes.create_string_buffer(128 + 64)                  # CUtensorMap is 64-byte aligned
     at = (ctypes.addressof(buf) + 63) & ~63
     err = fn(at, _TMAP_UINT8, 2, P(address), (ctypes.c_uint64 * 2)(inner, rows), (ctypes.c_uint64 * 1)(row_stride),
              (ctypes.c_uint32 * 2)(box_inner, box_rows), (ctypes.c_uint32 * 2)(1, 1), 0, _TMAP_SWIZZLE_128B,
              _TMAP_L2_256B, 0)
-    d.check(err, f"cuTensorMapEncodeTiled({rows} x {inner} bytes, row stride {row_stride}, box {box_rows} x "
+    _drv().check(err, f"cuTensorMapEncodeTiled({rows} x {inner} bytes, row stride {row_stride}, box {box_rows} x "
                  f"{box_inner})")
     return ctypes.string_at(at, 128)
 
