@@ -683,6 +683,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, skinny::ep_store>
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 2, 0, skinny::ep_store>
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 4, 2, 4, skinny::ep_store>
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 1, 1, 8, 2, 0, skinny::ep_swiglu<rocjit::e4m3fn>>
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 2, 4, 4, 2, 0, skinny::ep_swiglu<rocjit::e4m3fnuz>>
 // rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 2, 4, 4, 2, 0, skinny::ep_swiglu<skinny::no_quant>>

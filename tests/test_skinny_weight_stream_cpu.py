@@ -82,6 +82,20 @@ def test_h100_shipped_skinny_configs_are_candidates(M, N, K, dtype):
     assert tune.default_config("skinny_gemm", bucket, dtype, H100, cands, builtin) == rec["config"]
 
 
+def test_wide_launch_bounds_are_a_candidate_only_above_16_rows_on_nvidia():
+    """(1, 4, 2) with MINB 4 is timed for 17..32 activation rows on NVIDIA; AMD and fewer rows keep the plain set."""
+    for M in (17, 32):
+        cands = G.mma_candidates(M, 13312, 16384, 132, 1, "sm_90a")
+        wide = [c for c in cands if "minb" in c]
+        assert wide and all(c["minb"] == G.WIDE_MINB and (c["mt"], c["warps_k"], c["unroll"]) == G.WIDE_MINB_SHAPE
+                            for c in wide)
+        assert sorted(map(str, [{k: v for k, v in c.items() if k != "minb"} for c in wide])) == \
+            sorted(map(str, [c for c in cands if "minb" not in c and (c["mt"], c["warps_k"], c["unroll"]) ==
+                             G.WIDE_MINB_SHAPE]))
+        assert not any("minb" in c for c in G.mma_candidates(M, 13312, 16384, 304, 1, "gfx942"))
+    assert not any("minb" in c for c in G.mma_candidates(16, 13312, 16384, 132, 1, "sm_90a"))
+
+
 def test_load_hint_is_a_tuning_dimension_only_for_small_weights_on_nvidia():
     """Weights of SMALL_WEIGHT_BYTES or more always stream with the kernel's default hint (the one that keeps its
     speed inside a model); smaller ones are also timed with ALT_HINT; AMD has one load kind, so no duplicates."""
