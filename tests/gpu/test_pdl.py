@@ -67,15 +67,20 @@ def test_an_opted_in_kernel_starts_before_the_kernel_ahead_ends(hopper):
     started = torch.full((1,), 2 ** 62, dtype=torch.int64, device="cuda")
     _slow_copy(hopper, dst, src, spin_us=1)        # first launches load the kernels (and take the Python path)
     probe(started)
-    for _ in range(3):
+    # Without programmatic launch the probe can never start before the copy ends. With it, it starts early unless
+    # another process's work on the same GPU (the suite runs in parallel workers) holds the SMs meanwhile: one early
+    # start in five tries proves the overlap; every try must copy correctly.
+    overlapped = 0
+    for _ in range(5):
         started.fill_(2 ** 62)
         dst.zero_()
         torch.cuda.synchronize()
         done = _slow_copy(hopper, dst, src)
         probe(started)
         torch.cuda.synchronize()
-        assert int(started) < int(done), "the probe waited for the whole copy: no programmatic launch"
+        overlapped += int(started) < int(done)
         assert torch.equal(dst, src)
+    assert overlapped, "the probe waited for the whole copy in every try: no programmatic launch"
 
 
 @pytest.mark.parametrize("path", ["mma", "mma_splitk", "stream"])
