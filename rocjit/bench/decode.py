@@ -52,15 +52,15 @@ def _rel(a, b) -> float:
 
 
 # ----------------------------------------------------------------------------- a. the seed's decode chains
-def _chain_weights(dev):
-    """One set of the chains' weights: FP8 with per-tensor scales, the bf16 values they stand for (each FP8 weight
-    times its scale), and the gate/up matrix interleaved for the fused SwiGLU epilogue."""
+def _chain_weights(dev, scales: dict):
+    """One set of the chains' weights: FP8 (per-tensor `scales`, keyed like the weights), the bf16 values they stand
+    for (each FP8 weight times its scale), and the gate/up matrix interleaved for the fused SwiGLU epilogue."""
     import torch
     import rocjit.ops as ops
     f8, bf = torch.float8_e4m3fn, torch.bfloat16
     w = {"gu": torch.randn(2 * I_405, H_405, device=dev).to(f8), "d": torch.randn(H_405, I_405, device=dev).to(f8),
          "qkv": torch.randn(QKV_405, H_405, device=dev).to(f8)}
-    for k, sc in (("gu", 0.01), ("d", 0.01), ("qkv", 0.01)):
+    for k, sc in scales.items():
         w[k + "16"] = (w[k].float() * sc).to(bf)
     w["gu_i"] = ops.prepare_gate_up(w["gu"][:I_405], w["gu"][I_405:])[0]   # the per-tensor scale applies as it is
     return w
@@ -84,7 +84,7 @@ def _chains(result, quick):
                     "chain_mlp_fp8_per_token": (2 * I_405 * H_405 + H_405 * I_405),
                     "chain_mlp_fp8_fused": (2 * I_405 * H_405 + H_405 * I_405)}
     n_sets = max(H.rotation_count(weight_bytes["chain_mlp_fp8"]), H.rotation_count(weight_bytes["chain_attn_fp8"]))
-    sets = [_chain_weights(dev) for _ in range(n_sets)]
+    sets = [_chain_weights(dev, {"gu": s_gu, "d": s_d, "qkv": s_qkv}) for _ in range(n_sets)]
 
     def norm_q(x, r, s):
         h = x + r
