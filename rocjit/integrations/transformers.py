@@ -38,6 +38,9 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 _LAYER_PARAMS = ["self", "hidden_states", "attention_mask", "position_ids", "past_key_values", "use_cache",
                  "position_embeddings"]
 _ATTN_PARAMS = ["self", "hidden_states", "position_embeddings", "attention_mask", "past_key_values"]
+# The cache parameter of the decoder layer and attention forwards (the 5th in both): transformers renamed it from
+# past_key_values to cache (5.2x) and passes it by keyword. The patched forwards keep past_key_values, take either.
+_CACHE_NAMES = ("past_key_values", "cache")
 _ATTN_NAMES = ("apply_rotary_pos_emb", "ALL_ATTENTION_FUNCTIONS", "eager_attention_forward")
 _FP8_INPUT = "_rocjit_fp8_input"       # keyword from the patched layer to its fused attention
 
@@ -145,6 +148,7 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
     """The model's attention with q, k and v from one GEMM (the rest as the model's own forward does it)."""
     p = getattr(self, _ATTR)
     pre = kwargs.pop(_FP8_INPUT, None)     # (FP8 rows, per-row scales) of hidden_states from the layer's norm
+    past_key_values = _cache_arg(past_key_values, kwargs)
     if _stock(hidden_states, p["max_m"]):
         return _stock_forward(self)(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
     ops = _ops()
@@ -168,7 +172,8 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
     cos, sin = position_embeddings
     q, k = mod.apply_rotary_pos_emb(q, k, cos, sin)
     if past_key_values is not None:
-        k, v = past_key_values.update(k, v, self.layer_idx)
+        k, v = past_key_values.update(k, v, self.layer_idx, kwargs=kwargs) if p["update_kwargs"] else \
+            past_key_values.update(k, v, self.layer_idx)
     interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                           mod.eager_attention_forward)
     if p["sliding"]:
@@ -188,6 +193,23 @@ class _AttentionFunctions:
             setattr(self, n, getattr(module, n))
 
 
+def _cache_arg(past_key_values, kwargs):
+    """The cache a forward was given, under either of its names (see _CACHE_NAMES)."""
+    return kwargs.pop("cache", None) if past_key_values is None else past_key_values
+
+
+def _known_params(params, known) -> bool:
+    """`params` begin as `known` does, the cache parameter under either of its names."""
+    head = params[:len(known)]
+    return len(head) == len(known) and all(p == k or (k == "past_key_values" and p in _CACHE_NAMES)
+                                           for p, k in zip(head, known))
+
+
+def _cache_param(cls) -> str:
+    """The name under which `cls.forward` takes the cache."""
+    return list(inspect.signature(cls.forward).parameters)[_ATTN_PARAMS.index("past_key_values")]
+
+
 def _fusable_attention(attn) -> str | None:
     """Why this attention cannot take the fused q/k/v forward (None: it can)."""
     torch = _torch()
@@ -195,7 +217,7 @@ def _fusable_attention(attn) -> str | None:
     if mod is None or not all(hasattr(mod, n) for n in _ATTN_NAMES):
         return f"{type(attn).__module__} lacks {', '.join(_ATTN_NAMES)}"
     params = list(inspect.signature(type(attn).forward).parameters)
-    if params[:len(_ATTN_PARAMS)] != _ATTN_PARAMS:
+    if not _known_params(params, _ATTN_PARAMS):
         return f"{type(attn).__name__}.forward takes {params}"
     lins = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
     if not all(isinstance(m, torch.nn.Linear) for m in lins):
@@ -211,7 +233,7 @@ def _fusable_attention(attn) -> str | None:
     # the forward this integration reproduces: projections, optional q/k norms, rotary, cache, attention, o_proj
     expected = ("self.q_proj(hidden_states)", "self.k_proj(hidden_states)", "self.v_proj(hidden_states)",
                 "apply_rotary_pos_emb(query_states, key_states, cos, sin)",
-                "past_key_values.update(key_states, value_states, self.layer_idx)", "self.o_proj(attn_output)")
+                f"{params[4]}.update(key_states, value_states, self.layer_idx", "self.o_proj(attn_output)")
     missing = [e for e in expected if e not in src]
     if missing:
         return f"{type(attn).__name__}.forward does not contain {missing}"
@@ -234,7 +256,9 @@ def _patch_attention(attn, fp8: bool, fmt, max_m: int):
     bias = torch.cat([m.bias for m in lins]).contiguous() if lins[0].bias is not None else None
     src = inspect.getsource(type(attn).forward)
     p = {"qkv": qkv, "bias": bias, "sizes": sizes, "fp8": fp8, "fmt": fmt, "max_m": max_m,
-         "sliding": "sliding_window=" in src, "qk_norm": "self.q_norm(" in src}
+         "sliding": "sliding_window=" in src, "qk_norm": "self.q_norm(" in src,
+         # newer transformers hand the attention's keyword arguments to the cache update too
+         "update_kwargs": "self.layer_idx, kwargs=kwargs)" in src}
     if fp8:
         p["qkv_fp8"], p["qkv_scale"] = quantize_weight_fp8(qkv, fmt)
     setattr(attn, _ATTR, p)
@@ -244,6 +268,7 @@ def _patch_attention(attn, fp8: bool, fmt, max_m: int):
 def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                    use_cache=False, position_embeddings=None, **kwargs):
     p = getattr(self, _ATTR)
+    past_key_values = _cache_arg(past_key_values, kwargs)
     if _grad(hidden_states) or not _on_device(hidden_states):
         return _stock_forward(self)(hidden_states, attention_mask, position_ids, past_key_values, use_cache,
                          position_embeddings, **kwargs)
@@ -261,9 +286,9 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         h = hidden_states
     else:
         h = ops.rms_norm(hidden_states, ln1.weight, ln1._rocjit_eps)
+    kwargs[p["attn_cache"]] = past_key_values
     attn, _ = self.self_attn(hidden_states=h, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, use_cache=use_cache,
-                             position_embeddings=position_embeddings, **kwargs)
+                             use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     # attn is this layer's own fresh tensor: it receives the residual sum in place, the input stays untouched
     mlp = self.mlp
     mp = getattr(mlp, _ATTR)
@@ -306,7 +331,7 @@ def _check_model(model, layers):
         raise PatchError("no decoder layers (input_layernorm / self_attn / post_attention_layernorm / mlp) found")
     for layer in layers:
         params = list(inspect.signature(type(layer).forward).parameters)
-        if params[:len(_LAYER_PARAMS)] != _LAYER_PARAMS:
+        if not _known_params(params, _LAYER_PARAMS):
             raise PatchError(f"{type(layer).__name__}.forward takes {params}; this integration knows the "
                              f"transformers 5 decoder layer ({', '.join(_LAYER_PARAMS[1:])}, **kwargs)")
         mlp = layer.mlp
@@ -406,7 +431,8 @@ def patch(model, *, fp8: bool = False, max_m: int | None = None):
                         patched.append(lin)
             setattr(mlp, _ATTR, mp)
             _swap_forward(mlp, _mlp_forward)
-            setattr(layer, _ATTR, {})
+            # the patched attention takes past_key_values; one that keeps its own forward, its own name
+            setattr(layer, _ATTR, {"attn_cache": "past_key_values" if why is None else _cache_param(type(attn))})
             _swap_forward(layer, _layer_forward)
             patched += [mlp, layer]
     setattr(model, _ATTR, {"modules": patched, "fp8": fp8})
