@@ -28,7 +28,10 @@
 #include "rocjit/fp8.h"
 #include "rocjit/stream.h"  // read-once weight loads, programmatic dependent launch
 #include "rocjit/device.h"
-#include "rocjit/mbarrier.h"  // the stream kernel's copy / multiply pipeline
+#include "rocjit/mbarrier.h"  // the stream kernels' copy / multiply pipelines
+#include "rocjit/mma_fp8.h"   // cp.async copies
+#include "rocjit/wgmma.h"     // the TMA kernel's warpgroup MMAs
+#include "rocjit/tma.h"
 
 // The weight stream's load hint (rocjit/stream.h: 0 no L1 allocation, 1 / 2 + L2 prefetch of 128 / 256
 // bytes, 3 evict-first, 4 = 2 + L2 evict-first policy); a config's "hint" (rocjit/ops/_gemm.py) or -D
@@ -482,6 +485,43 @@ __device__ __forceinline__ long long range_start(long long b, long long total, l
 __device__ __forceinline__ int range_owner(long long f, long long total, long long blocks) {
     return (int)(((f + 1) * blocks - 1) / total);
 }
+#if defined(SKINNY_ASYNC)
+// Stream-K fix-up at the end of this block's segment of `tile` (nk chunks per tile, `total` chunks split evenly
+// over the grid). A tile that one block covers is written by it. Otherwise every block of the tile stores its
+// partials (V floats for each of THREADS consumer threads, ct this thread's index, synchronised by named barrier
+// 1) in `ws` slot 0 (the tile its range starts in) or 1; the block that takes the tile's last ticket sums them in
+// block order (deterministic), resets the ticket for the next launch and returns true with `vals` the sum.
+template <int V, int THREADS>
+__device__ __forceinline__ bool streamk_fixup(float (&vals)[V], int ct, float* __restrict__ ws, int* tickets, int tile,
+                                              int nk, long long total) {
+    __shared__ int last_flag;
+    const long long t0 = (long long)tile * nk;
+    const int first = range_owner(t0, total, gridDim.x), last = range_owner(t0 + nk - 1, total, gridDim.x);
+    if (first == last) return true;
+    const int slot = (int)(range_start(blockIdx.x, total, gridDim.x) / nk) == tile ? 0 : 1;
+    float* mine = ws + ((size_t)blockIdx.x * 2 + slot) * V * THREADS + ct;
+#pragma unroll
+    for (int v = 0; v < V; ++v) __stcg(mine + v * THREADS, vals[v]);
+    __threadfence();
+    consumers_sync(THREADS);
+    if (ct == 0) {
+        const int ticket = atomicAdd(&tickets[tile], 1);
+        last_flag = ticket == last - first;
+        if (last_flag) { tickets[tile] = 0; __threadfence(); }
+    }
+    consumers_sync(THREADS);
+    if (!last_flag) return false;
+#pragma unroll
+    for (int v = 0; v < V; ++v) vals[v] = 0.f;
+    for (int b = first; b <= last; ++b) {
+        const int bslot = (int)(range_start(b, total, gridDim.x) / nk) == tile ? 0 : 1;
+        const float* src = ws + ((size_t)b * 2 + bslot) * V * THREADS + ct;
+#pragma unroll
+        for (int v = 0; v < V; ++v) vals[v] += __ldcg(src + v * THREADS);
+    }
+    return true;
+}
+#endif
 }  // namespace skinny
 
 // E, OT, EP as above; MT 16-row tiles per consumer warp; NT activation tiles of 8 rows; CW consumer
@@ -505,7 +545,6 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * kStage);
     unsigned long long* empty = full + STAGES;
-    __shared__ int last_flag;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long kbytes = (long long)K * sizeof(typename E::storage);
@@ -622,48 +661,9 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 
         if (kc != nk - 1 && f != end - 1) continue;       // tile segment goes on
         // ---- end of this block's segment of `tile` ----
-        const long long t0 = (long long)tile * nk;
-        const int first = range_owner(t0, total, gridDim.x), last = range_owner(t0 + nk - 1, total, gridDim.x);
         const int row_base = tile * kRows + 16 * MT * warp;
-        bool write = true;
-        if (first != last) {
-            const int slot = (int)(range_start(blockIdx.x, total, gridDim.x) / nk) == tile ? 0 : 1;
-            float* mine = ws + ((size_t)blockIdx.x * 2 + slot) * kVals * kConsumers + threadIdx.x;
-#pragma unroll
-            for (int t = 0; t < MT; ++t)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int r = 0; r < kAcc; ++r) __stcg(mine + ((t * NT + j) * kAcc + r) * kConsumers, acc[t][j][r]);
-            __threadfence();
-            consumers_sync(kConsumers);
-            if (threadIdx.x == 0) {
-                const int ticket = atomicAdd(&tickets[tile], 1);
-                last_flag = ticket == last - first;
-                if (last_flag) { tickets[tile] = 0; __threadfence(); }
-            }
-            consumers_sync(kConsumers);
-            write = last_flag;
-            if (write) {                                   // sum the partials in block order
-#pragma unroll
-                for (int t = 0; t < MT; ++t)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-#pragma unroll
-                        for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
-                for (int b = first; b <= last; ++b) {
-                    const int bslot = (int)(range_start(b, total, gridDim.x) / nk) == tile ? 0 : 1;
-                    const float* src = ws + ((size_t)b * 2 + bslot) * kVals * kConsumers + threadIdx.x;
-#pragma unroll
-                    for (int t = 0; t < MT; ++t)
-#pragma unroll
-                        for (int j = 0; j < NT; ++j)
-#pragma unroll
-                            for (int r = 0; r < kAcc; ++r)
-                                acc[t][j][r] += __ldcg(src + ((t * NT + j) * kAcc + r) * kConsumers);
-                }
-            }
-        }
+        const bool write = streamk_fixup<kVals, kConsumers>(reinterpret_cast<float (&)[kVals]>(acc), threadIdx.x, ws,
+                                                            tickets, tile, nk, total);
         if (write) write_acc<EP>(acc, row_base, ep);
 #pragma unroll
         for (int t = 0; t < MT; ++t)
@@ -675,6 +675,176 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
     rocjit::launch_dependents();
 #else
     rocjit::unsupported_on_target();   // built for NVIDIA sm_90+ only; the host picks skinny_gemm_kernel elsewhere
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hopper variant (sm_90a): the stream kernel's persistent stream-K schedule, with the weights copied by the
+// Tensor Memory Accelerator and multiplied by warpgroup MMAs straight from shared memory.
+//
+// Tiles of R = 64 * SLABS * WG weight rows; a chunk is KB boxes of R rows x 128 bytes of K, copied by TMA in
+// boxes of 32 rows (tensor map `wmap` over W as N rows of K * sizeof(E) bytes, box 32 x 128, 128B swizzle, zeros
+// outside W) that complete on the stage's mbarrier, plus the same K bytes of the M activation rows (cp.async, 16 bytes a lane,
+// written in the 128B-swizzled layout; rows M..NB-1 are zeroed once). Warpgroup 0 copies, warpgroups 1..WG
+// multiply: each owns SLABS slabs of 64 weight rows and runs wgmma m64nNBk32 (e4m3) / k16 (bf16, f16) per 32
+// bytes of K with the slab as A and the activation rows as B, so C^T's 64 x NB tile sits in the mma.sync
+// accumulator layout and leaves through the same epilogues (write_acc) and the same fix-up as the stream kernel.
+// No lane loads a weight: one thread issues KB copies of R x 128 bytes per chunk.
+#if ROCJIT_HAS_WGMMA
+namespace skinny {
+template <class E, int NB> struct wg_mma;
+#define SKINNY_WG(E, NB, FN)                                                                                    \
+    template <> struct wg_mma<E, NB> {                                                                         \
+        static ROCJIT_INLINE void run(float (&d)[NB / 2], unsigned long long a, unsigned long long b) {         \
+            rocjit::wgmma::FN(d, a, b);                                                                        \
+        }                                                                                                       \
+    };
+SKINNY_WG(e4m3_t, 8, e4m3_n8) SKINNY_WG(e4m3_t, 16, e4m3_n16) SKINNY_WG(e4m3_t, 32, e4m3_n32)
+SKINNY_WG(bf16_t, 8, bf16_n8) SKINNY_WG(bf16_t, 16, bf16_n16) SKINNY_WG(bf16_t, 32, bf16_n32)
+SKINNY_WG(f16_t, 8, f16_n8) SKINNY_WG(f16_t, 16, f16_n16) SKINNY_WG(f16_t, 32, f16_n32)
+#undef SKINNY_WG
+}  // namespace skinny
+#endif
+
+// Rows per TMA copy. On an H100 (FP8 13312 x 16384, M = 32) 32-row boxes issued row group by row group, the KB
+// boxes of a group back to back, ran 86-88 us against 88-93 for one box of the tile's R rows per 128 bytes of K.
+#define SKINNY_TMA_BOX_ROWS 32
+
+// NB activation rows in shared memory (8, 16 or 32; M <= NB); SLABS 64-row slabs per multiplying warpgroup;
+// WG multiplying warpgroups; KB 128-byte boxes of K per chunk; STAGES chunks in the ring.
+// Shared memory: 1024 bytes of alignment slack, STAGES x KB x (R + NB) x 128 bytes, 2 x STAGES mbarriers.
+template <class E, class OT, int NB, int SLABS, int WG, int KB, int STAGES, class EP>
+__launch_bounds__((WG + 1) * 128, 1) __global__ void
+skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const typename E::storage* __restrict__ a,
+                  OT* out, float* __restrict__ ws, int* __restrict__ tickets, const OT* residual,
+                  const float* __restrict__ out_scale, const float* __restrict__ scale_a,
+                  const float* __restrict__ scale_w, int scale_modes, int M, int N, int K, int ldo) {
+#if ROCJIT_HAS_WGMMA
+    using namespace skinny;
+    constexpr int kRows = 64 * SLABS * WG;
+    constexpr int kBox = 128;
+    constexpr int kWBytes = kRows * kBox, kABytes = NB * kBox;
+    constexpr int kStage = KB * (kWBytes + kABytes);
+    constexpr int kChunk = KB * kBox;                     // bytes of K per chunk
+    constexpr int kConsumers = WG * 128;
+    constexpr int kVals = SLABS * NB / 2;
+    constexpr int kBoxRows = SKINNY_TMA_BOX_ROWS;         // rows per TMA copy (the host's tensor map box)
+    static_assert(NB == 8 || NB == 16 || NB == 32, "NB: 8, 16 or 32 activation rows");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024u - (rocjit::smem_u32(smem_raw) & 1023u)) & 1023u);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * kStage);
+    unsigned long long* empty = full + STAGES;
+    auto wtile = [&](int s, int j) { return smem + s * kStage + j * kWBytes; };
+    auto atile = [&](int s, int j) { return smem + s * kStage + KB * kWBytes + j * kABytes; };
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long kbytes = (long long)K * sizeof(typename E::storage);
+    const int nk = (int)((kbytes + kChunk - 1) / kChunk);
+    const int tiles = (N + kRows - 1) / kRows;
+    const long long total = (long long)tiles * nk;
+    const long long begin = range_start(blockIdx.x, total, gridDim.x);
+    const long long end = range_start(blockIdx.x + 1, total, gridDim.x);
+
+    for (int i = threadIdx.x; i < STAGES * KB * NB * 8; i += blockDim.x) {   // activation rows >= M: zero for good
+        const int row = (i / 8) % NB, box = i / (8 * NB);
+        if (row >= M)
+            *reinterpret_cast<uint4*>(atile(box / KB, box % KB) + row * kBox + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+    }
+    rocjit::wgmma::fence_proxy_async();                   // those zeros, visible to wgmma
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) { rocjit::mbar_init(&full[s], 128); rocjit::mbar_init(&empty[s], WG * 4); }
+        rocjit::mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp < 4) {
+        // ---- copy warpgroup: thread 0 issues the weight boxes, all 128 threads the activation bytes ----
+        const int pt = threadIdx.x;
+        if (pt == 0) {
+            rocjit::tma::prefetch(&wmap);
+            for (long long f = begin; f < end && f < begin + STAGES; ++f)   // weights do not depend on the kernel ahead
+                for (int j = 0; j < KB; ++j)
+                    rocjit::tma::prefetch_2d_l2(&wmap, (int)((f % nk) * kChunk + j * kBox), (int)(f / nk) * kRows);
+        }
+        rocjit::grid_dependency_wait();                   // before the first activation read
+        const unsigned char* abytes = reinterpret_cast<const unsigned char*>(a);
+        for (long long f = begin; f < end; ++f) {
+            const int i = (int)(f - begin), s = i % STAGES;
+            const int tile = (int)(f / nk);
+            const long long k0 = (f % nk) * kChunk;
+            rocjit::mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);
+            if (pt == 0) {   // boxes of 32 rows, all KB of a row group back to back: longer runs along each row
+                rocjit::tma::expect_bytes(&full[s], KB * kWBytes);
+                for (int g = 0; g < kRows / kBoxRows; ++g)
+                    for (int j = 0; j < KB; ++j)
+                        rocjit::tma::load_2d(wtile(s, j) + g * kBoxRows * kBox, &wmap, (int)(k0 + j * kBox),
+                                             tile * kRows + g * kBoxRows, &full[s]);
+            }
+            for (int q = pt; q < M * KB * 8; q += 128) {
+                const int m = q / (KB * 8), j = (q / 8) % KB, c = q % 8;
+                const long long k = k0 + j * kBox + c * 16;
+                const bool live = k < kbytes;
+                rocjit::mma8::copy16(atile(s, j) + m * kBox + ((c ^ (m & 7)) << 4),
+                                     live ? abytes + (size_t)m * kbytes + k : abytes, live);
+            }
+            rocjit::cp_async_arrive(&full[s]);
+        }
+        rocjit::launch_dependents();
+        return;
+    }
+
+    // ---- multiplying warpgroups ----
+    const int ct = threadIdx.x - 128, cg = ct / 128, wq = (ct / 32) % 4;
+    const auto ep = make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);
+    float acc[SLABS][NB / 2];
+#pragma unroll
+    for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+        for (int v = 0; v < NB / 2; ++v) acc[sl][v] = 0.f;
+
+    for (long long f = begin; f < end; ++f) {
+        const int i = (int)(f - begin), s = i % STAGES;
+        const int tile = (int)(f / nk), kc = (int)(f % nk);
+        rocjit::mbar_wait(&full[s], (i / STAGES) & 1);
+        rocjit::wgmma::fence_proxy_async();               // the activations' cp.async writes, visible to wgmma
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl) rocjit::wgmma::fence_operands(acc[sl]);
+        rocjit::wgmma::fence();
+#pragma unroll
+        for (int j = 0; j < KB; ++j) {
+            const unsigned long long db = rocjit::wgmma::desc_sw128(rocjit::smem_u32(atile(s, j)));
+#pragma unroll
+            for (int ks = 0; ks < kBox / 32; ++ks)
+#pragma unroll
+                for (int sl = 0; sl < SLABS; ++sl) {
+                    const unsigned long long da =
+                        rocjit::wgmma::desc_sw128(rocjit::smem_u32(wtile(s, j) + (cg * SLABS + sl) * 64 * kBox));
+                    wg_mma<E, NB>::run(acc[sl], rocjit::wgmma::desc_advance(da, 32 * ks),
+                                       rocjit::wgmma::desc_advance(db, 32 * ks));
+                }
+        }
+        rocjit::wgmma::commit();
+        rocjit::wgmma::wait<0>();
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl) rocjit::wgmma::fence_operands(acc[sl]);
+        __syncwarp();
+        if (lane == 0) rocjit::mbar_arrive(&empty[s]);
+
+        if (kc != nk - 1 && f != end - 1) continue;       // tile segment goes on
+        if (streamk_fixup<kVals, kConsumers>(reinterpret_cast<float (&)[kVals]>(acc), ct, ws, tickets, tile, nk, total)) {
+#pragma unroll
+            for (int sl = 0; sl < SLABS; ++sl)
+                write_acc<EP>(reinterpret_cast<const float (&)[1][NB / 8][kAcc]>(acc[sl]),
+                              tile * kRows + (cg * SLABS + sl) * 64 + 16 * wq, ep);
+        }
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+            for (int v = 0; v < NB / 2; ++v) acc[sl][v] = 0.f;
+    }
+    rocjit::launch_dependents();
+#else
+    rocjit::unsupported_on_target();   // TMA and wgmma need sm_90a: the host picks another kernel elsewhere
 #endif
 }
 
@@ -700,3 +870,9 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 // rocjit:check skinny_stream_kernel<skinny::e4m3_t, unsigned char, 1, 1, 4, 512, 6, 4, skinny::ep_swiglu<rocjit::e4m3fn>>
 // rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 256, 5, 4, skinny::ep_residual>
 // rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 2, 8, 256, 5, 4, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 1, 4, 4, skinny::ep_store>
+// rocjit:check skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 2, 4, 2, skinny::ep_store>
+// rocjit:check skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 1, 8, 2, skinny::ep_residual>
+// rocjit:check skinny_tma_kernel<skinny::e4m3_t, unsigned char, 32, 1, 2, 2, 5, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check skinny_tma_kernel<skinny::bf16_t, __hip_bfloat16, 32, 1, 2, 2, 5, skinny::ep_store>
+// rocjit:check skinny_tma_kernel<skinny::f16_t, __half, 32, 1, 1, 4, 4, skinny::ep_swiglu<skinny::no_quant>>

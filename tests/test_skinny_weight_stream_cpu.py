@@ -124,3 +124,34 @@ def test_a_configs_hint_compiles_its_own_module(monkeypatch):
     assert seen[0][1] == () and seen[1][1] == (("SKINNY_W_HINT", "2"),) and seen[0][0] == seen[1][0]
     from rocjit.ops import _common as C
     assert C.module(G.SRC, seen[1][1]).defines == {"SKINNY_W_HINT": "2"} and C.module(G.SRC).defines == {}
+
+
+def test_tma_path_candidates_and_opt_in(monkeypatch):
+    """skinny_tma_kernel: sm_90a only, configs only above 16 rows, each with a ring of >= 2 stages that fits the
+    H100's shared memory, and timed by the tuner only with ROCJIT_SKINNY_TMA=1."""
+    assert G.has_tma_path("sm_90a") and not G.has_tma_path("sm_90") and not G.has_tma_path("gfx942")
+    assert G.tma_candidates(16, 13312, 16384, 132, 1) == []
+    for M in (17, 32):
+        cands = G.tma_candidates(M, 13312, 16384, 132, 1)
+        assert cands and all(c["path"] == "tma" for c in cands)
+        for c in cands:
+            stages = G.tma_stages(M, c)
+            rows = 64 * c["slabs"] * c["wg"]
+            assert stages >= 2 and 1024 + stages * c["kb"] * 128 * (rows + 32) + 16 * stages <= 227 * 1024
+            assert rows % G.TMA_BOX_ROWS == 0
+    monkeypatch.delenv("ROCJIT_SKINNY_TMA", raising=False)
+    assert not G.tma_enabled()
+    monkeypatch.setenv("ROCJIT_SKINNY_TMA", "1")
+    assert G.tma_enabled()
+
+
+def test_tma_kernel_builds_for_hopper_with_every_epilogue():
+    if not _nvrtc():
+        pytest.skip("cuda-bindings (NVRTC) not installed")
+    names = [f"skinny_tma_kernel<skinny::{e}, {o}, 32, 1, 2, 2, 5, {ep}>"
+             for e, o, ep in (("e4m3_t", "__hip_bfloat16", "skinny::ep_store"),
+                              ("e4m3_t", "__hip_bfloat16", "skinny::ep_residual"),
+                              ("e4m3_t", "unsigned char", "skinny::ep_swiglu<rocjit::e4m3fn>"),
+                              ("bf16_t", "__hip_bfloat16", "skinny::ep_swiglu<skinny::no_quant>"))]
+    co = Module("skinny_gemm.hip").compile("sm_90a", tuple(names))
+    assert co.binary and all(n in co.lowered for n in names)

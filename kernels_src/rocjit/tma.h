@@ -48,6 +48,16 @@ ROCJIT_INLINE void load_2d(void* dst, const tensor_map* m, int x, int y, unsigne
 #endif
 }
 
+// Ask L2 for the box at (x, y) of `m`, moving nothing into shared memory (a prefetch reads no value: it may
+// run before grid_dependency_wait even where the kernel ahead writes the tensor).
+ROCJIT_INLINE void prefetch_2d_l2(const tensor_map* m, int x, int y) {
+#if ROCJIT_HAS_TMA
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];" :: "l"(m), "r"(x), "r"(y) : "memory");
+#else
+    (void)m; (void)x; (void)y;
+#endif
+}
+
 // The same box into the shared memory of every block of the cluster in `cta_mask` (bit r: rank r), at `dst`'s
 // offset in each, completing on the mbarrier at `bar`'s offset in each.
 ROCJIT_INLINE void load_2d_multicast(void* dst, const tensor_map* m, int x, int y, unsigned long long* bar,

@@ -167,6 +167,50 @@ ROCJIT_INLINE void mma_m64n256k32(float (&d)[128], unsigned long long desc_a, un
 }
 
 
+// Small-N forms for skinny products (64 weight rows as A, N = 8 / 16 / 32 activation rows as B), always
+// accumulating: e4m3 (k32) and bf16 / f16 (k16, both K-major). Each reads 32 bytes of K per operand row, so the
+// descriptors advance as for mma_m64n64k32 above. d[N / 2] per thread, in the accumulator layout described above.
+#define ROCJIT_WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#if ROCJIT_HAS_WGMMA
+#define ROCJIT_WG_SMALL(FN, INSTR, TAIL, R, REGS, DESCS, ...)                                                   \
+    ROCJIT_INLINE void FN(float (&d)[R], unsigned long long da, unsigned long long db) {                        \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #R ", 0;\n" INSTR " " REGS ", " DESCS ", p, " TAIL ";\n}\n" \
+                     : __VA_ARGS__ : "r"(1), "l"(da), "l"(db));                                                   \
+    }
+#else
+#define ROCJIT_WG_SMALL(FN, INSTR, TAIL, R, REGS, DESCS, ...)                                                   \
+    ROCJIT_INLINE void FN(float (&d)[R], unsigned long long da, unsigned long long db) {                        \
+        (void)d; (void)da; (void)db;                                                                             \
+        unsupported_on_target();                                                                                 \
+    }
+#endif
+#define ROCJIT_WG_R4 "{%0, %1, %2, %3}"
+#define ROCJIT_WG_R8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define ROCJIT_WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+ROCJIT_WG_SMALL(e4m3_n8, "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3", "1, 1", 4, ROCJIT_WG_R4, "%5, %6",
+                ROCJIT_WG_D4(0))
+ROCJIT_WG_SMALL(e4m3_n16, "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3", "1, 1", 8, ROCJIT_WG_R8, "%9, %10",
+                ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))
+ROCJIT_WG_SMALL(e4m3_n32, "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3", "1, 1", 16, ROCJIT_WG_R16,
+                "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
+ROCJIT_WG_SMALL(bf16_n8, "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16", "1, 1, 0, 0", 4, ROCJIT_WG_R4,
+                "%5, %6", ROCJIT_WG_D4(0))
+ROCJIT_WG_SMALL(bf16_n16, "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16", "1, 1, 0, 0", 8, ROCJIT_WG_R8,
+                "%9, %10", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))
+ROCJIT_WG_SMALL(bf16_n32, "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16", "1, 1, 0, 0", 16, ROCJIT_WG_R16,
+                "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
+ROCJIT_WG_SMALL(f16_n8, "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", "1, 1, 0, 0", 4, ROCJIT_WG_R4,
+                "%5, %6", ROCJIT_WG_D4(0))
+ROCJIT_WG_SMALL(f16_n16, "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16", "1, 1, 0, 0", 8, ROCJIT_WG_R8,
+                "%9, %10", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))
+ROCJIT_WG_SMALL(f16_n32, "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "1, 1, 0, 0", 16, ROCJIT_WG_R16,
+                "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
+#undef ROCJIT_WG_SMALL
+#undef ROCJIT_WG_D4
+#undef ROCJIT_WG_R4
+#undef ROCJIT_WG_R8
+#undef ROCJIT_WG_R16
+
 template <int N> struct mma_n;
 template <> struct mma_n<64> {
     static ROCJIT_INLINE void run(float (&d)[32], unsigned long long a, unsigned long long b, int acc) { mma_m64n64k32(d, a, b, acc); }

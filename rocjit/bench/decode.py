@@ -245,6 +245,8 @@ def _eager_host(result, quick):
     o_up = torch.empty(1, 28672, device=dev, dtype=bf)
     o_dn = torch.empty(1, 4096, device=dev, dtype=bf)
     o_f8 = torch.empty(8, 13312, device=dev, dtype=bf)
+    o_q = torch.empty(1, 4096, device=dev, dtype=f8)
+    o_qs = torch.empty(1, 1, device=dev)
 
     def norm_eager():
         h = x + r
@@ -267,7 +269,7 @@ def _eager_host(result, quick):
         ("swiglu", "swiglu_fp8", (1, 14336), "bfloat16", lambda: ops.swiglu(gu, scale=s),
          {"torch_eager": swiglu_eager}, lambda: ops.swiglu(gu, scale=s, out=o_swi)),
         ("quantize_fp8", "per_token", (1, 4096), "bfloat16", lambda: ops.quantize_fp8(x, granularity="token"),
-         {"torch_eager": quant_eager}, None),
+         {"torch_eager": quant_eager}, lambda: ops.quantize_fp8(x, granularity="token", out=o_q, scale_out=o_qs)),
         ("gemv", "fp16", (4096, 4096), "float16", lambda: ops.gemv(wv, xv), {"torch_mv": lambda: torch.mv(wv, xv)},
          lambda: ops.gemv(wv, xv, out=o_gemv)),
         ("skinny_gemm", "bf16_gate_up", (1, 28672, 4096), "bfloat16", lambda: ops.skinny_gemm(x, w_up),

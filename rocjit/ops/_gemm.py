@@ -169,6 +169,53 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
     return out
 
 
+# (SLABS, WG, KB) of skinny_tma_kernel: 64 * SLABS * WG weight rows per tile, WG multiplying warpgroups, KB
+# 128-byte boxes of K per chunk. It is a candidate above 16 activation rows only. On an H100 (FP8, weights rotated
+# beyond L2) it ran 13312 x 16384 at M = 32 in 86 us against 88.5 for the best mma.sync config (cuBLASLt 81.7), but
+# lost everywhere else: 82.5-87 us against 73.6 at M = 1, 22-27 us against 15 at 2304 x 16384. TMA streams these
+# weights at 2.5-2.65 TB/s where the lanes' own 16-byte loads reach 2.75-3.0 (ncu: 76% against 82% of DRAM peak):
+# a 128B-swizzled box reads 128 bytes of each row per copy, the loads 512 contiguous bytes per row.
+_TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
+_TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
+TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip
+
+
+def has_tma_path(target: str) -> bool:
+    """skinny_tma_kernel needs sm_90a's wgmma and the Tensor Memory Accelerator."""
+    return target == "sm_90a"
+
+
+def tma_rows(M: int) -> int:
+    """Activation rows the TMA kernel keeps per chunk (its wgmma N): 8, 16 or 32."""
+    return 8 if M <= 8 else 16 if M <= 16 else 32
+
+
+def tma_stages(M: int, cfg: dict) -> int:
+    rows = 64 * cfg["slabs"] * cfg["wg"]
+    return min(8, _TMA_SMEM // (cfg["kb"] * 128 * (rows + tma_rows(M))))
+
+
+def tma_enabled() -> bool:
+    """Whether the tuner also times skinny_tma_kernel: only with ROCJIT_SKINNY_TMA=1 (it lost to the other paths at
+    every seed shape but one, and records no eager plan; see _TMA_SHAPES)."""
+    import os
+    return os.environ.get("ROCJIT_SKINNY_TMA", "0") == "1"
+
+
+def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
+    """skinny_tma_kernel configs (see _TMA_SHAPES), for M > 16 (none below)."""
+    if M <= 16:
+        return []
+    out = []
+    for slabs, wg, kb in _TMA_SHAPES:
+        if kb > 1 and kb * 128 > 2 * K * elem_bytes:     # chunks mostly past the end of short rows
+            continue
+        cfg = {"path": "tma", "slabs": slabs, "wg": wg, "kb": kb}
+        if tma_stages(M, cfg) >= 2:
+            out.append(cfg)
+    return out
+
+
 def portable_candidates(M: int) -> list[dict]:
     return [{"path": "portable", "p": p, "rows": r, "unroll": u}
             for p, r, u in ((32, 4, 2), (16, 8, 2), (8, 16, 2))]
@@ -299,6 +346,31 @@ def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict
     call.bind_stream()
     call.launch(_kernel(SRC, name), grid, (cw + pw) * 32, a, w, out, ws, tickets, residual, out_scale, scale_a,
                 scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1], shared_mem=smem)
+    return out
+
+
+def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int, call=UNRECORDED, *,
+               ep: str = EP_STORE, residual=None, out_scale=None):
+    """C = A W^T (* scales) with skinny_tma_kernel (sm_90a): the stream kernel's schedule and fix-up, the weights
+    copied by TMA through a tensor map of w, multiplied by wgmma. The tensor map is a by-value launch argument
+    encoded for w's address, so this path records no eager plan."""
+    from rocjit.platform import cuda
+    nb = tma_rows(M)
+    slabs, wg, kb = cfg["slabs"], cfg["wg"], cfg["kb"]
+    stages = cfg.get("stages") or tma_stages(M, cfg)
+    rows = 64 * slabs * wg
+    kbytes = K * a.element_size()
+    tiles = -(-N // rows)
+    grid = max(1, min(sms, tiles * -(-kbytes // (kb * 128))))
+    tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * wg * 128 * slabs * nb // 2)
+    tmap = cuda.tensor_map_2d(w.data_ptr(), kbytes, N, kbytes, 128, TMA_BOX_ROWS)
+    name = f"skinny_tma_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {nb}, {slabs}, {wg}, {kb}, {stages}, {ep}>"
+    call.const(tickets)
+    call.const(ws)
+    call.bind_stream()
+    call.launch(_kernel(SRC, name), grid, (wg + 1) * 128, tmap, a, out, ws, tickets, residual, out_scale, scale_a,
+                scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1],
+                shared_mem=1024 + stages * kb * 128 * (rows + nb) + 16 * stages)
     return out
 
 

@@ -40,17 +40,25 @@ def _prepare(op, x, fp8_format, block=BLOCK, two_d=False):
     return xt, fw, C.fp8_format(fp8_format, xt.device)
 
 
-def _quantize(call, x, scale, mode, fmt):
+def _scale_shape(mode, rows, K):
+    return {"block": (rows, C.ceil_div(K, BLOCK)), "token": (rows, 1)}.get(mode, (1,))
+
+
+def _quantize(call, x, scale, mode, fmt, q=None, s=None):
+    """(q, s) of x; q / s written into the given (checked) tensors, else allocated."""
     tm = C.torch()
     K = x.shape[-1]
     rows = x.numel() // K if K else 0
-    q = call.empty(x.shape, C.fp8_torch_dtype(fmt), x.device)
+    if q is None:
+        q = call.empty(x.shape, C.fp8_torch_dtype(fmt), x.device)
     if mode == "block":
-        s = call.empty((rows, C.ceil_div(K, BLOCK)), tm.float32, x.device)
+        if s is None:
+            s = call.empty((rows, C.ceil_div(K, BLOCK)), tm.float32, x.device)
         if rows and K:
             _blocks(call, x, q, s, None, None, _ROW_BLOCKS, fmt, rows, K)
         return q, s
-    s = call.empty((rows, 1) if mode == "token" else (1,), tm.float32, x.device)
+    if s is None:
+        s = call.empty((rows, 1) if mode == "token" else (1,), tm.float32, x.device)
     if rows == 0 or K == 0:
         if mode == "tensor":
             call.forget()                    # a fill, not a launch: not something a plan replays
@@ -133,7 +141,7 @@ def _quantize_op():
     def fake(x, scale, mode, fmt):
         K = x.shape[-1]
         rows = x.numel() // K if K else 0
-        shape = {"block": (rows, C.ceil_div(K, BLOCK)), "token": (rows, 1)}.get(mode, (1,))
+        shape = _scale_shape(mode, rows, K)
         return x.new_empty(x.shape, dtype=C.fp8_torch_dtype(fmt)), x.new_empty(shape, dtype=tm.float32)
 
     return impl, fake
@@ -174,10 +182,12 @@ def _dual_op():
     return impl, fake
 
 
-@op(roles="TTOOO", sources=(_SRC,), bench="quant", custom_op=_quantize_op)
-def quantize_fp8(call, x, *, scale=None, granularity="tensor", block=BLOCK, fp8_format=None):
+@op(roles="TTOOOTT", sources=(_SRC,), bench="quant", custom_op=_quantize_op)
+def quantize_fp8(call, x, *, scale=None, granularity="tensor", block=BLOCK, fp8_format=None, out=None,
+                 scale_out=None):
     """x -> (q, s) with x ~= q * s: static per-tensor (scale=), dynamic per tensor, per row ("token") or per
-    1 x 128 block along the last dimension ("block")."""
+    1 x 128 block along the last dimension ("block"). out= (FP8, x's shape) and scale_out= (float32, the shape of s)
+    receive q and s in place of new tensors: a decode step's repeated call then allocates nothing."""
     name = "quantize_fp8"
     if granularity not in ("tensor", "token", "block"):
         raise ValueError(f"{name}: granularity must be 'tensor', 'token' or 'block', got {granularity!r}")
@@ -192,13 +202,25 @@ def quantize_fp8(call, x, *, scale=None, granularity="tensor", block=BLOCK, fp8_
         if scale.numel() != 1:
             raise ValueError(f"{name}: scale must hold one element, got shape {tuple(scale.shape)}")
     mode = "static" if scale is not None else granularity
+    ot = C.torch_or_none(out, "out", name)
+    st = C.torch_or_none(scale_out, "scale_out", name)
+    if ot is not None:
+        C.check_tensor(name, "out", ot, dtypes=(C.fp8_torch_dtype(fmt),), shape=xt.shape, device=xt.device)
+    if st is not None:
+        if mode == "static":
+            raise ValueError(f"{name}: scale_out= has nothing to receive with a static scale= (s is that scale)")
+        K = xt.shape[-1]
+        C.check_tensor(name, "scale_out", st, dtypes=(tm.float32,),
+                       shape=_scale_shape(mode, xt.numel() // K if K else 0, K), device=xt.device)
     if C.compiling():
         q, s = quantize_fp8.__rocjit_op__.torch_op()(xt, scale, mode, fmt)
+        q = C.into_out(q, ot)
+        s = C.into_out(s, st)
     else:
-        q, s = _quantize(call, xt, scale, mode, fmt)
+        q, s = _quantize(call, xt, scale, mode, fmt, ot, st)
         if mode == "static":
             s = scale
-    return call.done(C.convert_outputs((q, s), fw))
+    return call.done((C.to_caller(q, out, fw), C.to_caller(s, scale_out, fw)))
 
 
 @op(roles="TOOO", sources=(_SRC,), bench="quant", custom_op=_weight_op)

@@ -23,8 +23,9 @@ from rocjit import targets
 from rocjit.ops import _common as C
 from rocjit.ops import _gemm as G
 from rocjit.ops._gemm import (EP_RESIDUAL, EP_STORE, aligned_operands, ctype, ep_swiglu,  # noqa: F401
-                              has_epilogue_path, has_matrix_path, has_stream_path, launch_mma, launch_portable,
-                              launch_stream, mma_candidates, mma_default, portable_candidates, stream_candidates)
+                              has_epilogue_path, has_matrix_path, has_stream_path, has_tma_path, launch_mma,
+                              launch_portable, launch_stream, launch_tma, mma_candidates, mma_default,
+                              portable_candidates, stream_candidates, tma_candidates)
 from rocjit.ops._op import UNRECORDED, op
 
 MAX_M = 32
@@ -93,6 +94,8 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
         cands, default = mma_candidates(M, N, K, sms, eb, target), mma_default(M, N, K, sms, eb)
         if has_stream_path(target):                  # a and w are 16-byte aligned (aligned_operands)
             cands = stream_candidates(M, N, K, sms, eb) + cands
+        if has_tma_path(target) and G.tma_enabled():
+            cands = tma_candidates(M, N, K, sms, eb) + cands
     elif fused:
         raise NotImplementedError(f"{op_name}: the fused epilogue needs the matrix-core kernel (NVIDIA sm_80+, "
                                   f"sm_89+ for FP8; AMD gfx90a / gfx942 / gfx950); {target} has none. Use "
@@ -104,6 +107,9 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
         if cfg["path"] == "mma":
             return launch_mma(a, w, out, scale_a, scale_w, M, N, K, cfg, target, wave, call, ep=ep,
                               residual=residual, out_scale=out_scale)
+        if cfg["path"] == "tma":
+            return launch_tma(a, w, out, scale_a, scale_w, M, N, K, cfg, sms, call, ep=ep, residual=residual,
+                              out_scale=out_scale)
         if cfg["path"] == "stream":
             return launch_stream(a, w, out, scale_a, scale_w, M, N, K, cfg, sms, call, ep=ep, residual=residual,
                                  out_scale=out_scale)

@@ -156,3 +156,34 @@ def test_plan_replays_under_graph_capture_and_on_another_stream():
     torch.cuda.synchronize()
     ref = (a.double() * sa.double()[:, None]) @ (W.double() * sw.double()[:, None]).t()
     assert _rel(yg, ref) < 1e-2
+
+
+@pytest.mark.parametrize("gran", ["token", "block", "tensor"])
+def test_quantize_fp8_into_out_replays_and_allocates_nothing(gran):
+    """out= / scale_out= receive q and s on every (replayed) call; poisoned beforehand, every element checked;
+    with per-token or per-block scales the replay allocates nothing."""
+    rows, K = 5, 1000                                     # K not a multiple of the 128-wide block
+    shape = {"token": (rows, 1), "block": (rows, 8), "tensor": (1,)}[gran]
+    q = torch.empty(rows, K, device="cuda", dtype=F8)
+    s = torch.empty(shape, device="cuda", dtype=torch.float32)
+    before = _hits("quantize_fp8")
+    for _ in range(4):
+        x = torch.randn(rows, K, device="cuda").to(BF)
+        q.view(torch.uint8).fill_(0x7F)                   # NaN in e4m3fn
+        s.fill_(float("nan"))
+        rq, rs = ops.quantize_fp8(x, granularity=gran, out=q, scale_out=s)
+        assert rq is q and rs is s
+        assert not torch.isnan(s).any() and not torch.isnan(q.float()).any()
+        sd = s.double()
+        deq = q.double() * (sd.repeat_interleave(128, dim=1)[:, :K] if gran == "block" else sd)
+        assert _rel(deq, x.double()) < 0.05
+    assert _hits("quantize_fp8") - before >= 2
+    if gran != "tensor":
+        assert REGISTRY["quantize_fp8"].last_outputs == []
+    x = torch.randn(rows, K, device="cuda").to(BF)
+    with pytest.raises(ValueError, match="out must have shape"):
+        ops.quantize_fp8(x, granularity=gran, out=q[:, :-1], scale_out=s)
+    with pytest.raises(TypeError, match="scale_out must have dtype float32"):
+        ops.quantize_fp8(x, granularity=gran, out=q, scale_out=s.half())
+    with pytest.raises(ValueError, match="scale_out= has nothing to receive"):
+        ops.quantize_fp8(x, scale=torch.tensor([0.1], device="cuda"), out=q, scale_out=s)

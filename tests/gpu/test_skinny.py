@@ -41,6 +41,8 @@ def test_every_config_matches_reference(dt, M, K):
     cfgs = skinny.mma_candidates(M, N, K, sms, a.element_size(), target) if skinny.has_matrix_path(target, dt == F8) else []
     if cfgs and skinny.has_stream_path(target):
         cfgs += skinny.stream_candidates(M, N, K, sms, a.element_size())
+    if cfgs and skinny.has_tma_path(target):
+        cfgs += skinny.tma_candidates(M, N, K, sms, a.element_size())
     cfgs += skinny.portable_candidates(M)[:1]
     for cfg in cfgs:
         out = torch.full((M, N), float("nan"), dtype=od, device="cuda")
@@ -48,6 +50,8 @@ def test_every_config_matches_reference(dt, M, K):
             skinny.launch_mma(a, w, out, sa, sw, M, N, K, cfg, target, wave)
         elif cfg["path"] == "stream":
             skinny.launch_stream(a, w, out, sa, sw, M, N, K, cfg, sms)
+        elif cfg["path"] == "tma":
+            skinny.launch_tma(a, w, out, sa, sw, M, N, K, cfg, sms)
         else:
             xt = "unsigned char" if dt == F8 else skinny.ctype(dt)
             wk = "gemv::w_e4m3" if dt == F8 else {torch.bfloat16: "gemv::w_bf16", torch.float16: "gemv::w_f16"}[dt]
@@ -83,24 +87,30 @@ def test_deterministic_split_k():
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-@pytest.mark.parametrize("M", [1, 17])
-def test_stream_kernel_deterministic_across_launches_and_graph_replays(M):
+@pytest.mark.parametrize(("path", "M"), [("stream", 1), ("stream", 17), ("tma", 17), ("tma", 32)])
+def test_stream_kernels_deterministic_across_launches_and_graph_replays(M, path):
+    """The stream-K kernels (stream, tma): their fix-up sums partials in block order, and the tickets reset
+    themselves, so launches and graph replays give identical bits."""
     target, _, sms = skinny._device(0)
-    if not skinny.has_stream_path(target):
-        pytest.skip("streamed kernel needs sm_90+")
+    if not (skinny.has_stream_path(target) if path == "stream" else skinny.has_tma_path(target)):
+        pytest.skip(f"the {path} kernel needs sm_90 (stream) / sm_90a (tma)")
     a, w, sa, sw, ref, od, tol = _case(F8, M, 2304 + 40, 16384 + 64)
-    for cfg in skinny.stream_candidates(M, 2344, 16448, sms, 1):
+    cands = skinny.stream_candidates if path == "stream" else skinny.tma_candidates
+    launch = skinny.launch_stream if path == "stream" else skinny.launch_tma
+    cfgs = cands(M, 2344, 16448, sms, 1)
+    assert cfgs
+    for cfg in cfgs:
         outs = []
         for _ in range(3):
             out = torch.full((M, 2344), float("nan"), dtype=od, device="cuda")
-            skinny.launch_stream(a, w, out, sa, sw, M, 2344, 16448, cfg, sms)
+            launch(a, w, out, sa, sw, M, 2344, 16448, cfg, sms)
             outs.append(out)
         assert _rel(outs[0], ref) < tol, cfg
         assert all(torch.equal(outs[0], o) for o in outs[1:]), cfg
         g = torch.cuda.CUDAGraph()
         out = torch.empty_like(outs[0])
         with torch.cuda.graph(g):
-            skinny.launch_stream(a, w, out, sa, sw, M, 2344, 16448, cfg, sms)
+            launch(a, w, out, sa, sw, M, 2344, 16448, cfg, sms)
         for _ in range(3):
             out.fill_(float("nan"))
             g.replay()

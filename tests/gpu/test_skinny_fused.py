@@ -73,12 +73,16 @@ def _configs(M, N, K, eb):
     cfgs = skinny.mma_candidates(M, N, K, sms, eb)
     if skinny.has_stream_path(target):
         cfgs = skinny.stream_candidates(M, N, K, sms, eb) + cfgs
+    if skinny.has_tma_path(target):
+        cfgs = skinny.tma_candidates(M, N, K, sms, eb) + cfgs
     return cfgs, target, sms
 
 
 def _launch(cfg, a, w, out, sa, sw, M, N, K, target, sms, **kw):
     if cfg["path"] == "mma":
         return G.launch_mma(a, w, out, sa, sw, M, N, K, cfg, target, 32 if target.startswith("sm_") else 64, **kw)
+    if cfg["path"] == "tma":
+        return G.launch_tma(a, w, out, sa, sw, M, N, K, cfg, sms, **kw)
     return G.launch_stream(a, w, out, sa, sw, M, N, K, cfg, sms, **kw)
 
 
