@@ -808,10 +808,17 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
         rocjit::mbar_wait(&full[s], (i / STAGES) & 1);
         rocjit::wgmma::fence_proxy_async();               // the activations' cp.async writes, visible to wgmma
 #pragma unroll
-        for (int sl = 0; sl < SLABS; ++sl) rocjit::wgmma::fence_operands(acc[sl]);
-        rocjit::wgmma::fence();
-#pragma unroll
         for (int j = 0; j < KB; ++j) {
+            // Each 128-byte box into fresh partials, then added to acc in fp32: FP8 wgmma keeps only about 14 bits
+            // of its running sum (as DeepSeek-V3 reports for Hopper), so partials span 4 k32 steps at most.
+            float part[SLABS][NB / 2];
+#pragma unroll
+            for (int sl = 0; sl < SLABS; ++sl) {
+#pragma unroll
+                for (int v = 0; v < NB / 2; ++v) part[sl][v] = 0.f;
+                rocjit::wgmma::fence_operands(part[sl]);
+            }
+            rocjit::wgmma::fence();
             const unsigned long long db = rocjit::wgmma::desc_sw128(rocjit::smem_u32(atile(s, j)));
 #pragma unroll
             for (int ks = 0; ks < kBox / 32; ++ks)
@@ -819,14 +826,18 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
                 for (int sl = 0; sl < SLABS; ++sl) {
                     const unsigned long long da =
                         rocjit::wgmma::desc_sw128(rocjit::smem_u32(wtile(s, j) + (cg * SLABS + sl) * 64 * kBox));
-                    wg_mma<E, NB>::run(acc[sl], rocjit::wgmma::desc_advance(da, 32 * ks),
+                    wg_mma<E, NB>::run(part[sl], rocjit::wgmma::desc_advance(da, 32 * ks),
                                        rocjit::wgmma::desc_advance(db, 32 * ks));
                 }
-        }
-        rocjit::wgmma::commit();
-        rocjit::wgmma::wait<0>();
+            rocjit::wgmma::commit();
+            rocjit::wgmma::wait<0>();
 #pragma unroll
-        for (int sl = 0; sl < SLABS; ++sl) rocjit::wgmma::fence_operands(acc[sl]);
+            for (int sl = 0; sl < SLABS; ++sl) {
+                rocjit::wgmma::fence_operands(part[sl]);
+#pragma unroll
+                for (int v = 0; v < NB / 2; ++v) acc[sl][v] += part[sl][v];
+            }
+        }
         __syncwarp();
         if (lane == 0) rocjit::mbar_arrive(&empty[s]);
 
