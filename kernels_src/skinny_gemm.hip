@@ -809,15 +809,18 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
         rocjit::wgmma::fence_proxy_async();               // the activations' cp.async writes, visible to wgmma
 #pragma unroll
         for (int j = 0; j < KB; ++j) {
-            // Each 128-byte box into fresh partials, then added to acc in fp32: FP8 wgmma keeps only about 14 bits
-            // of its running sum (as DeepSeek-V3 reports for Hopper), so partials span 4 k32 steps at most.
-            float part[SLABS][NB / 2];
+            // Each k32 step into fresh partials, then added to acc in fp32: FP8 wgmma keeps only about 14 bits of
+            // its running sum (DeepSeek-V3 reports it for Hopper). Partials over a whole 128-byte box still put one
+            // SwiGLU output in 36 000 (cancelling gate sums) an FP8 rounding away from the float64 reference.
+            float part[kBox / 32][SLABS][NB / 2];
 #pragma unroll
-            for (int sl = 0; sl < SLABS; ++sl) {
+            for (int ks = 0; ks < kBox / 32; ++ks)
 #pragma unroll
-                for (int v = 0; v < NB / 2; ++v) part[sl][v] = 0.f;
-                rocjit::wgmma::fence_operands(part[sl]);
-            }
+                for (int sl = 0; sl < SLABS; ++sl) {
+#pragma unroll
+                    for (int v = 0; v < NB / 2; ++v) part[ks][sl][v] = 0.f;
+                    rocjit::wgmma::fence_operands(part[ks][sl]);
+                }
             rocjit::wgmma::fence();
             const unsigned long long db = rocjit::wgmma::desc_sw128(rocjit::smem_u32(atile(s, j)));
 #pragma unroll
@@ -826,17 +829,19 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
                 for (int sl = 0; sl < SLABS; ++sl) {
                     const unsigned long long da =
                         rocjit::wgmma::desc_sw128(rocjit::smem_u32(wtile(s, j) + (cg * SLABS + sl) * 64 * kBox));
-                    wg_mma<E, NB>::run(part[sl], rocjit::wgmma::desc_advance(da, 32 * ks),
+                    wg_mma<E, NB>::run(part[ks][sl], rocjit::wgmma::desc_advance(da, 32 * ks),
                                        rocjit::wgmma::desc_advance(db, 32 * ks));
                 }
             rocjit::wgmma::commit();
             rocjit::wgmma::wait<0>();
 #pragma unroll
-            for (int sl = 0; sl < SLABS; ++sl) {
-                rocjit::wgmma::fence_operands(part[sl]);
+            for (int ks = 0; ks < kBox / 32; ++ks)
 #pragma unroll
-                for (int v = 0; v < NB / 2; ++v) acc[sl][v] += part[sl][v];
-            }
+                for (int sl = 0; sl < SLABS; ++sl) {
+                    rocjit::wgmma::fence_operands(part[ks][sl]);
+#pragma unroll
+                    for (int v = 0; v < NB / 2; ++v) acc[sl][v] += part[ks][sl][v];
+                }
         }
         __syncwarp();
         if (lane == 0) rocjit::mbar_arrive(&empty[s]);
