@@ -51,14 +51,12 @@ def _quantize(call, x, scale, mode, fmt, q=None, s=None):
     rows = x.numel() // K if K else 0
     if q is None:
         q = call.empty(x.shape, C.fp8_torch_dtype(fmt), x.device)
+    if s is None:
+        s = call.empty(_scale_shape(mode, rows, K), tm.float32, x.device)
     if mode == "block":
-        if s is None:
-            s = call.empty((rows, C.ceil_div(K, BLOCK)), tm.float32, x.device)
         if rows and K:
             _blocks(call, x, q, s, None, None, _ROW_BLOCKS, fmt, rows, K)
         return q, s
-    if s is None:
-        s = call.empty((rows, 1) if mode == "token" else (1,), tm.float32, x.device)
     if rows == 0 or K == 0:
         if mode == "tensor":
             call.forget()                    # a fill, not a launch: not something a plan replays
