@@ -333,6 +333,19 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 // barriers). The accumulators go straight from registers to C (pairs of elements; C^T with TRANS_C).
 namespace gemm8_sm90 {
 
+// A read-only global load issued exactly here: asm volatile keeps it in program order with the wgmma and
+// barrier instructions around it, so a scale fetched one K block ahead really is in flight during that block
+// (as a plain load the compiler sank it next to its use and the math warps waited out its L2 latency).
+ROCJIT_INLINE float ld_scale(const float* p) {
+#if ROCJIT_NVIDIA
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+#else
+    return *p;
+#endif
+}
+
 template <class OT>
 ROCJIT_INLINE void store_pair(OT* c, long long ldc, int r, int col, float v0, float v1, int M, int N, bool trans,
                               bool pairs) {
@@ -458,26 +471,34 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         // ahead of their use: the copy warp only issues the TMA copies
         const float* rows_sa[SLABS][2];
         const float* tile_sb = sb;
-        float cur_sa[SLABS][2], nxt_sa[SLABS][2], cur_sb = 0.0f, nxt_sb = 0.0f;
-        auto fetch_scales = [&](int kb) {
+        struct scale_set { float a[SLABS][2]; };
+        scale_set cur_s{}, nxt_s{};
+        auto fetch_into = [&](scale_set& d, int kb) {
 #pragma unroll
             for (int j = 0; j < SLABS; ++j) {
-                nxt_sa[j][0] = rows_sa[j][0][(long long)kb * sa_k];
-                nxt_sa[j][1] = rows_sa[j][1][(long long)kb * sa_k];
+                d.a[j][0] = ld_scale(rows_sa[j][0] + (long long)kb * sa_k);
+                d.a[j][1] = ld_scale(rows_sa[j][1] + (long long)kb * sa_k);
             }
-            if constexpr (!SB_ROWS) nxt_sb = tile_sb[(long long)kb * sb_k];
         };
-        auto take_scales = [&]() {
-#pragma unroll
-            for (int j = 0; j < SLABS; ++j) {
-                cur_sa[j][0] = nxt_sa[j][0];
-                cur_sa[j][1] = nxt_sa[j][1];
+        // the tile's B scales 32 K blocks at a time, one per lane (lane l: K block 32 g + l), read with a shuffle:
+        // a per-lane address keeps the compiler from moving the value into a uniform register right after its
+        // load (which waited out the load's latency every K block); the next group is loaded 16 blocks ahead
+        float b_grp = 0.0f, b_next = 0.0f;
+        auto fetch_b = [&](int kb0) {
+            const int kb = min(kb0 + lane, kblocks - 1);
+            return SB_ROWS ? 0.0f : ld_scale(tile_sb + (long long)kb * sb_k);
+        };
+        auto b_at = [&](int kb) {
+            if constexpr (!SB_ROWS) {
+                if ((kb & 31) == 16 && kb + 16 < kblocks) b_next = fetch_b(kb + 16);
+                if ((kb & 31) == 0 && kb > 0) b_grp = b_next;
+                return __shfl_sync(0xffffffffu, b_grp, kb & 31);
             }
-            cur_sb = nxt_sb;
+            return 0.0f;
         };
-        auto promote_slab = [&](float (&p)[64], int s, int j) {
+        auto promote_with = [&](float (&p)[64], int s, int j, const scale_set& sc, float bsc) {
             wgmma::fence_operands(p);
-            promote_rows<SB_ROWS>(acc[j], p, cur_sa[j][0], cur_sa[j][1], stage_sb(s) + col_in_8, cur_sb);
+            promote_rows<SB_ROWS>(acc[j], p, sc.a[j][0], sc.a[j][1], stage_sb(s) + col_in_8, bsc);
         };
         auto release = [&](int s) {             // this warp's wgmmas and scale reads of stage s are done
             __syncwarp();
@@ -502,26 +523,38 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                 rows_sa[j][0] = sa + (long long)min(r, M - 1) * sa_m;
                 rows_sa[j][1] = sa + (long long)min(r + 8, M - 1) * sa_m;
             }
-            if constexpr (!SB_ROWS) tile_sb = sb + (long long)(min(n0, N - 1) / 128) * sb_n;
-            fetch_scales(0);
+            if constexpr (!SB_ROWS) {
+                tile_sb = sb + (long long)(min(n0, N - 1) / 128) * sb_n;
+                b_grp = fetch_b(0);
+            }
+            // two scale sets used in turn (K blocks unrolled by two): the set for kb + 1 is loaded while kb
+            // multiplies, and no register copy waits for it
+            fetch_into(cur_s, 0);
             if constexpr (!PIPE) {
-                for (int kb = 0; kb < kblocks; ++kb, ++it) {
+                auto step = [&](int kb, const scale_set& sc) {
                     const int s = it % STAGES;
-                    take_scales();
-                    if (kb + 1 < kblocks) fetch_scales(kb + 1);
+                    const float bsc = b_at(kb);
                     wait_full(it);
 #pragma unroll
                     for (int j = 0; j < SLABS; ++j) {
                         issue(part, s, cg * SLABS + j);
                         wgmma::wait<0>();
-                        promote_slab(part, s, j);
+                        promote_with(part, s, j, sc, bsc);
                     }
                     release(s);
+                    ++it;
+                };
+                for (int kb = 0; kb < kblocks; kb += 2) {
+                    if (kb + 1 < kblocks) fetch_into(nxt_s, kb + 1);
+                    step(kb, cur_s);
+                    if (kb + 1 >= kblocks) break;
+                    if (kb + 2 < kblocks) fetch_into(cur_s, kb + 2);
+                    step(kb + 1, nxt_s);
                 }
             } else {
-                auto one = [&](int kb, float (&cur)[64], float (&nxt)[64]) {
-                    take_scales();
-                    if (kb + 1 < kblocks) fetch_scales(kb + 1);
+                auto one = [&](int kb, float (&cur)[64], float (&nxt)[64], const scale_set& sc, scale_set& sn) {
+                    const float bsc = b_at(kb);
+                    if (kb + 1 < kblocks) fetch_into(sn, kb + 1);
                     if (kb + 1 < kblocks) {
                         wait_full(it + 1);
                         issue(nxt, (it + 1) % STAGES, cg);
@@ -529,15 +562,15 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                     } else {
                         wgmma::wait<0>();
                     }
-                    promote_slab(cur, it % STAGES, 0);
+                    promote_with(cur, it % STAGES, 0, sc, bsc);
                     release(it % STAGES);
                     ++it;
                 };
                 wait_full(it);
                 issue(part, it % STAGES, cg);
                 for (int kb = 0; kb < kblocks; kb += 2) {
-                    one(kb, part, next);
-                    if (kb + 1 < kblocks) one(kb + 1, next, part);
+                    one(kb, part, next, cur_s, nxt_s);
+                    if (kb + 1 < kblocks) one(kb + 1, next, part, nxt_s, cur_s);
                 }
             }
 #pragma unroll
