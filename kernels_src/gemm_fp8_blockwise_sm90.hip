@@ -322,8 +322,9 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 // zero-filled past M, N and K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of
 // BM / CLUSTER and 128 rows) and arrives on the stage's `full` barrier, whose phase completes when the bytes
 // have landed (SB_ROWS: the warp also copies the stage's per-column B scales, each lane arriving once its copies
-// land). The math warps read the A scales of their rows (and the tile's B scale) from global memory themselves,
-// one K block ahead of their use. It runs on into the next tile while the math warps store the last one. The copy warpgroup
+// land). The math warps read the A scales of their rows from global memory themselves, one K block ahead of their
+// use, and the tile's B scales 32 K blocks per warp load. The copy warp runs on into the next tile while the math
+// warps store the last one. The copy warpgroup
 // gives its registers to the two math warpgroups (setmaxnreg), each of which owns SLABS m64 slabs of the
 // tile: per K block and slab, 4 wgmma m64n128k32 into fresh partials, then the promotion acc += partial * sa * sb.
 // A math warpgroup releases a stage on its own (one arrival per warp on `empty`), so the two never wait for each
@@ -484,10 +485,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         // a per-lane address keeps the compiler from moving the value into a uniform register right after its
         // load (which waited out the load's latency every K block); the next group is loaded 16 blocks ahead
         float b_grp = 0.0f, b_next = 0.0f;
-        auto fetch_b = [&](int kb0) {
-            const int kb = min(kb0 + lane, kblocks - 1);
-            return SB_ROWS ? 0.0f : ld_scale(tile_sb + (long long)kb * sb_k);
-        };
+        auto fetch_b = [&](int kb0) { return ld_scale(tile_sb + (long long)min(kb0 + lane, kblocks - 1) * sb_k); };
         auto b_at = [&](int kb) {
             if constexpr (!SB_ROWS) {
                 if ((kb & 31) == 16 && kb + 16 < kblocks) b_next = fetch_b(kb + 16);

@@ -193,18 +193,17 @@ ROCJIT_WG_SMALL(e4m3_n16, "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3"
                 ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))
 ROCJIT_WG_SMALL(e4m3_n32, "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3", "1, 1", 16, ROCJIT_WG_R16,
                 "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
-ROCJIT_WG_SMALL(bf16_n8, "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16", "1, 1, 0, 0", 4, ROCJIT_WG_R4,
-                "%5, %6", ROCJIT_WG_D4(0))
-ROCJIT_WG_SMALL(bf16_n16, "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16", "1, 1, 0, 0", 8, ROCJIT_WG_R8,
-                "%9, %10", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))
-ROCJIT_WG_SMALL(bf16_n32, "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16", "1, 1, 0, 0", 16, ROCJIT_WG_R16,
-                "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
-ROCJIT_WG_SMALL(f16_n8, "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", "1, 1, 0, 0", 4, ROCJIT_WG_R4,
-                "%5, %6", ROCJIT_WG_D4(0))
-ROCJIT_WG_SMALL(f16_n16, "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16", "1, 1, 0, 0", 8, ROCJIT_WG_R8,
-                "%9, %10", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))
-ROCJIT_WG_SMALL(f16_n32, "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "1, 1, 0, 0", 16, ROCJIT_WG_R16,
-                "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
+// bf16 and f16 share their forms (k16: 32 bytes of K per row as for e4m3's k32)
+#define ROCJIT_WG_K16(T)                                                                                         \
+    ROCJIT_WG_SMALL(T##_n8, "wgmma.mma_async.sync.aligned.m64n8k16.f32." #T "." #T, "1, 1, 0, 0", 4, ROCJIT_WG_R4,  \
+                    "%5, %6", ROCJIT_WG_D4(0))                                                                   \
+    ROCJIT_WG_SMALL(T##_n16, "wgmma.mma_async.sync.aligned.m64n16k16.f32." #T "." #T, "1, 1, 0, 0", 8, ROCJIT_WG_R8, \
+                    "%9, %10", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))                                                 \
+    ROCJIT_WG_SMALL(T##_n32, "wgmma.mma_async.sync.aligned.m64n32k16.f32." #T "." #T, "1, 1, 0, 0", 16,           \
+                    ROCJIT_WG_R16, "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
+ROCJIT_WG_K16(bf16)
+ROCJIT_WG_K16(f16)
+#undef ROCJIT_WG_K16
 #undef ROCJIT_WG_SMALL
 #undef ROCJIT_WG_D4
 #undef ROCJIT_WG_R4

@@ -5,6 +5,7 @@ Launch helpers take the op's `Call` (rocjit.ops._op) last, so an eager call reco
 tensors into a plan; the tuner and the tests pass nothing and just launch.
 """
 import functools
+import os
 
 from rocjit import targets, tune
 from rocjit.ops import _common as C
@@ -198,7 +199,6 @@ def tma_stages(M: int, cfg: dict) -> int:
 def tma_enabled() -> bool:
     """Whether the tuner also times skinny_tma_kernel: only with ROCJIT_SKINNY_TMA=1 (it lost to the other paths at
     every seed shape but one, and records no eager plan; see _TMA_SHAPES)."""
-    import os
     return os.environ.get("ROCJIT_SKINNY_TMA", "0") == "1"
 
 
@@ -362,7 +362,8 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     kbytes = K * a.element_size()
     tiles = -(-N // rows)
     grid = max(1, min(sms, tiles * -(-kbytes // (kb * 128))))
-    tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * wg * 128 * slabs * nb // 2)
+    # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
+    tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * (wg * 128) * (slabs * nb // 2))
     tmap = cuda.tensor_map_2d(w.data_ptr(), kbytes, N, kbytes, 128, TMA_BOX_ROWS)
     name = f"skinny_tma_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {nb}, {slabs}, {wg}, {kb}, {stages}, {ep}>"
     call.const(tickets)
