@@ -133,3 +133,17 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
             kname = "gemm_fp8_blockwise_tma2_kernel" if c["cluster"] == 2 else "gemm_fp8_blockwise_tma_kernel"
             assert re.search(rf"{kname}<[^,]+, {c['bm'] // 128}, {c['stages']}, {'true' if c['pipe'] else 'false'},",
                              text), c
+
+
+def test_large_products_are_tuned_per_exact_shape():
+    from rocjit import tune
+    from rocjit.ops import gemm_fp8
+    assert gemm_fp8.tune_bucket(4096, 4096, 7168) == "m4096_n4096_k7168"
+    assert gemm_fp8.tune_bucket(4096, 2112, 7168) == "m4096_n2112_k7168"
+    assert gemm_fp8.tune_bucket(16, 4096, 7168) == tune.bucket(m=16, n=4096, k=7168) == "m16_n4096_k8192"
+
+
+def test_split_k_configs_count_their_reduce_launch():
+    from rocjit.ops import _gemm as G
+    assert G.launches({"path": "mma", "splits": 1}) == 1 and G.launches({"path": "stream"}) == 1
+    assert G.launches({"path": "mma", "splits": 3}) == 2

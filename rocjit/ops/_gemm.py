@@ -408,7 +408,14 @@ def tuned(op: str, *, bucket: str, dtype: str, device: str, candidates, default,
         return tune.time_graph([functools.partial(run, cfg, c) for c in copies])
 
     return tune.pick(op, bucket=bucket, dtype=dtype, device=device, src_hash=src_hash(), candidates=candidates,
-                     default=default, bench=bench)
+                     default=default, bench=bench, simpler=launches)
+
+
+def launches(cfg: dict) -> int:
+    """Kernel launches a config makes: grid split-K adds the reduce kernel. Between configs that time alike, the
+    tuner takes the one with fewer: inside a model (H100, the seed's fused decode MLP, M = 1..16) a split-K
+    gate/up GEMM timed as fast as one launch alone but cost its chain 1.5-3 us, the reduce kernel's boundary."""
+    return 2 if cfg.get("splits", 1) > 1 else 1
 
 
 @functools.lru_cache(maxsize=1)
