@@ -253,9 +253,10 @@ __device__ __forceinline__ epilogue<OT> make_epilogue(OT* out, const OT* residua
 
 // A warp's finished accumulators: tile t covers weight rows row_base + 16t .. +15 (row_base % 16 == 0).
 // Two passes: every load (scales, the residual) is issued before the first store. `out` may be `residual`
-// itself and the compiler cannot tell the scales apart from `out` either, so a load after a store has to
-// wait for it: interleaved, each value cost one memory round trip in turn (H100, FP8 16384 x 6656 with the
-// residual epilogue at M = 32, 16 values per lane: 49.8 us against 45.3 for the plain store).
+// itself and the compiler cannot tell the scales apart from `out` either, so interleaved, a load after a
+// store could not start before it. (This did not close the residual epilogue's gap on an H100: FP8 16384 x
+// 6656 at M = 32 with the same config, 50.0 - 50.6 us against 45.5 for the plain store; an L2 prefetch of
+// the residual at the kernel's start did not either.)
 template <class EP, class OT, int MT, int NT>
 __device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int row_base, const epilogue<OT>& p) {
     float v[MT][NT][kAcc], up[EP::kind == 2 ? MT : 1][NT][kAcc];
@@ -354,21 +355,6 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
             for (int t = 0; t < MT; ++t)
 #pragma unroll
                 for (int h = 0; h < kRowsPerLane; ++h) rocjit::prefetch_l2_early(wrow[t][h] + (size_t)kb * kBlockK);
-    }
-    // The residual that warp 0 adds at the block's end, asked of L2 now: loaded only then, it cost every block
-    // a DRAM round trip after its last multiply (H100, FP8 16384 x 6656 at M = 32: 50.0 us against 45.5 for the
-    // plain store).
-    if constexpr (EP::kind == 1) {
-        if (partial == nullptr && warp == 0)
-#pragma unroll
-            for (int t = 0; t < MT; ++t)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int r = 0; r < kAcc; ++r) {
-                        const int n = row0 + acc_wrow(t, r), m = acc_arow(j, r);
-                        if (n < N && m < M) rocjit::prefetch_l2_early(residual + (size_t)m * ldo + n);
-                    }
     }
     rocjit::grid_dependency_wait();
 #endif
