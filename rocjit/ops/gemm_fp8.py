@@ -292,7 +292,12 @@ def src_hash() -> str:
 
 def _smem_limit(dev: int) -> int:
     from rocjit import platform
-    attrs = platform.get().device_attributes(dev)
+    return _smem_limit_of(platform.get(), dev)
+
+
+@functools.lru_cache(maxsize=64)
+def _smem_limit_of(plat, dev: int) -> int:
+    attrs = plat.device_attributes(dev)
     return int(attrs.get("max_shared_per_block_optin") or attrs.get("max_shared_memory_per_block_optin")
                or attrs.get("shared_per_block_optin") or 227 * 1024)
 
