@@ -213,9 +213,10 @@ def default_config(op: str, bucket_: str, dtype: str, device: str, candidates: S
 
 def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candidates: Sequence[dict],
          default: dict, bench: Callable[[dict], float], progress: bool = True,
-         simpler: Callable[[dict], float] | None = None) -> dict:
+         simpler: Callable[[dict], float] | None = None, default_bucket: str | None = None) -> dict:
     """The config to run `op` with. `bench(cfg)` returns seconds (lower wins; raise to reject a config);
-    `simpler(cfg)` ranks configs whose timings tie (lower is simpler; default: the earlier candidate).
+    `simpler(cfg)` ranks configs whose timings tie (lower is simpler; default: the earlier candidate);
+    `default_bucket` keys the shipped default where it differs from the tuning key's `bucket`.
 
     Looks in this process's memory, then the tuning file; tunes and persists on a miss, except when
     autotuning is off or a graph is being captured (then the shipped / built-in default is used)."""
@@ -232,7 +233,7 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
         with _lock:
             _memory[key] = dict(rec["config"])
         return dict(rec["config"])
-    fallback = default_config(op, bucket, dtype, device, candidates, default)
+    fallback = default_config(op, default_bucket or bucket, dtype, device, candidates, default)
     if not enabled() or capturing():
         return fallback        # not remembered: a later eager call may still tune
     with _key_lock(key):

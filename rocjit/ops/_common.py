@@ -277,12 +277,8 @@ def compiling() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def module(filename: str, defines: tuple = ()):
-    """The library's kernel source as a rocjit.Module, one per process for each file and tuple of (name, value)
-    defines: its kernels keep their loaded functions and generated launchers. (Built anew per call, an op that
-    records no eager plan, such as the TMA blockwise GEMM, looked its kernel up again on every call: H100,
-    4096^3, 231 - 448 us per call for a config that runs in 153 us.)"""
+    """The library's kernel source as a rocjit.Module (one per file and tuple of (name, value) defines)."""
     from rocjit.kernel import Module
     return Module(filename, defines=dict(defines))
 

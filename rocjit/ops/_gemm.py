@@ -19,16 +19,9 @@ SCALE_W_PER_COLUMN, SCALE_A_PER_ROW = 1, 2        # the kernels' scale_modes bit
 # ----------------------------------------------------------------------------- device facts
 @functools.lru_cache(maxsize=None)
 def _device(dev: int) -> tuple[str, str, int]:
-    """(target, name, multiprocessor count) of a device, asked of the driver once per platform and device: an
-    op's Python path asks several times per call, and each asking is about ten driver calls (H100: the TMA
-    blockwise GEMM, which records no eager plan, spent ~80 us of host time per call there, enough to make a
-    4096^3 call host-bound)."""
+    """(target, name, multiprocessor count) of a device."""
     from rocjit import platform
-    return _device_of(platform.get(), dev)
-
-
-@functools.lru_cache(maxsize=64)
-def _device_of(plat, dev: int) -> tuple[str, str, int]:
+    plat = platform.get()
     attrs = plat.device_attributes(dev)
     sms = attrs.get("sm_count") or attrs.get("cu_count") or attrs.get("multiprocessor_count") or 100
     return plat.device_target(dev), plat.device_name(dev), int(sms)

@@ -290,13 +290,11 @@ def src_hash() -> str:
                             kernels_src_dir() / "rocjit" / "tma.h")
 
 
+@functools.lru_cache(maxsize=None)
 def _smem_limit(dev: int) -> int:
+    """The device's opt-in shared memory per block, read once (as _gemm._device does)."""
     from rocjit import platform
-    return _smem_limit_of(platform.get(), dev)
-
-
-@functools.lru_cache(maxsize=64)
-def _smem_limit_of(plat, dev: int) -> int:
+    plat = platform.get()
     attrs = plat.device_attributes(dev)
     return int(attrs.get("max_shared_per_block_optin") or attrs.get("max_shared_memory_per_block_optin")
                or attrs.get("shared_per_block_optin") or 227 * 1024)
@@ -313,10 +311,8 @@ def config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target):
 
     # per-row B scales have candidates of their own (the TMA kernel's 256-row tile does not take them)
     dtype = f"{a_km.dtype}-{G.ctype(c.dtype)}{'-sb_rows' if sb_rows else ''}".replace("torch.", "")
-    bucket = tune_bucket(M, N, K)
-    default = tune.default_config(NAME, tune.bucket(m=M, n=N, k=K), dtype, devname, cands, default)
-    return tune.pick(NAME, bucket=bucket, dtype=dtype, device=devname, src_hash=src_hash(),
-                     candidates=cands, default=default, bench=bench)
+    return tune.pick(NAME, bucket=tune_bucket(M, N, K), dtype=dtype, device=devname, src_hash=src_hash(),
+                     candidates=cands, default=default, bench=bench, default_bucket=tune.bucket(m=M, n=N, k=K))
 
 
 EXACT_TUNE_FLOP = 1 << 34      # 2 M N K from here up: tuned for the exact shape
