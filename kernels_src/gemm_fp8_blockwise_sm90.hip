@@ -460,12 +460,21 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         auto issue = [&](float (&p)[64], int s, int slab) {     // slab's 4 k32 steps of stage s, fresh partials
             const unsigned long long da = wgmma::desc_sw128(smem_u32(stage_a(s) + slab * 64 * kRow));
             const unsigned long long db = wgmma::desc_sw128(smem_u32(stage_b(s)));
-            wgmma::fence_operands(p);
-            wgmma::fence();
+            if constexpr (PIPE) {
+                // the two partial sets alternate with one in flight: a write-only first step makes each issue a
+                // new value, so the compiler never copies a set a wgmma still owns (ptxas would answer such a
+                // copy by serializing every wgmma); one set (!PIPE) keeps the read-write form, which spills less
+                wgmma::fence();
+                wgmma::mma_m64n128k32_fresh(p, da, db);
+            } else {
+                wgmma::fence_operands(p);
+                wgmma::fence();
+                wgmma::mma_m64n128k32(p, da, db, 0);
+            }
 #pragma unroll
-            for (int ks = 0; ks < kRow / wgmma::kStepK; ++ks)
+            for (int ks = 1; ks < kRow / wgmma::kStepK; ++ks)
                 wgmma::mma_m64n128k32(p, wgmma::desc_advance(da, ks * wgmma::kStepK),
-                                      wgmma::desc_advance(db, ks * wgmma::kStepK), ks);
+                                      wgmma::desc_advance(db, ks * wgmma::kStepK), 1);
             wgmma::commit();
         };
         // the A scales of this thread's rows (and the tile's B scale) straight from global memory, one K block
@@ -550,25 +559,38 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                     step(kb + 1, nxt_s);
                 }
             } else {
-                auto one = [&](int kb, float (&cur)[64], float (&nxt)[64], const scale_set& sc, scale_set& sn) {
+                // K block kb in flight in `cur`: issue kb + 1 into `nxt`, then promote kb. Every path through the
+                // loop keeps one group in flight at the loop head (the last K blocks are peeled), so ptxas can
+                // prove the promotion reads only finished accumulators and keeps the wgmmas asynchronous.
+                auto steady = [&](int kb, float (&cur)[64], float (&nxt)[64], const scale_set& sc, scale_set& sn) {
                     const float bsc = b_at(kb);
-                    if (kb + 1 < kblocks) fetch_into(sn, kb + 1);
-                    if (kb + 1 < kblocks) {
-                        wait_full(it + 1);
-                        issue(nxt, (it + 1) % STAGES, cg);
-                        wgmma::wait<1>();
-                    } else {
-                        wgmma::wait<0>();
-                    }
+                    fetch_into(sn, kb + 1);
+                    wait_full(it + 1);
+                    issue(nxt, (it + 1) % STAGES, cg);
+                    wgmma::wait<1>();
+                    promote_with(cur, it % STAGES, 0, sc, bsc);
+                    release(it % STAGES);
+                    ++it;
+                };
+                auto last = [&](int kb, float (&cur)[64], const scale_set& sc) {
+                    const float bsc = b_at(kb);
+                    wgmma::wait<0>();
                     promote_with(cur, it % STAGES, 0, sc, bsc);
                     release(it % STAGES);
                     ++it;
                 };
                 wait_full(it);
                 issue(part, it % STAGES, cg);
-                for (int kb = 0; kb < kblocks; kb += 2) {
-                    one(kb, part, next, cur_s, nxt_s);
-                    if (kb + 1 < kblocks) one(kb + 1, next, part, nxt_s, cur_s);
+                int kb = 0;
+                for (; kb + 2 < kblocks; kb += 2) {
+                    steady(kb, part, next, cur_s, nxt_s);
+                    steady(kb + 1, next, part, nxt_s, cur_s);
+                }
+                if (kb + 1 < kblocks) {
+                    steady(kb, part, next, cur_s, nxt_s);
+                    last(kb + 1, next, nxt_s);
+                } else {
+                    last(kb, part, cur_s);
                 }
             }
 #pragma unroll

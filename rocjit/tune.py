@@ -43,6 +43,7 @@ TIE = 0.01              # medians within 1% of the fastest tie: the simplest con
 
 _memory: dict[str, dict] = {}
 _lock = threading.Lock()
+generation = 0          # bumped when the process forgets its winners: a caller's own memo of pick() keys on it
 _shipped_cache: dict | None = None
 
 
@@ -176,10 +177,11 @@ def export_defaults(path, *, device: str | None = None) -> int:
 
 def clear_memory() -> None:
     """Forget winners held in this process, and the shipped defaults read (tests; after editing by hand)."""
-    global _shipped_cache
+    global _shipped_cache, generation
     with _lock:
         _memory.clear()
         _shipped_cache = None
+        generation += 1
 
 
 # ----------------------------------------------------------------------------- policy

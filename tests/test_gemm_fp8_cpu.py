@@ -147,3 +147,53 @@ def test_split_k_configs_count_their_reduce_launch():
     from rocjit.ops import _gemm as G
     assert G.launches({"path": "mma", "splits": 1}) == 1 and G.launches({"path": "stream"}) == 1
     assert G.launches({"path": "mma", "splits": 3}) == 2
+
+
+def test_config_choice_is_remembered_until_what_it_depends_on_changes(monkeypatch):
+    """The TMA kernel records no eager plan, so config_for runs on every call: it answers from its memo once
+    tune.pick has settled, and asks again after tune.clear_memory(), a changed kernel switch, or with autotuning
+    turned on or off; a choice made under graph capture (a default pick() does not remember) is not kept."""
+    from rocjit import tune
+    calls = []
+
+    def fake(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
+        calls.append((M, N, K, sb_rows))
+        return {"n": len(calls)}
+    monkeypatch.setattr(G, "_config_for", fake)
+    monkeypatch.setattr(G, "_CONFIGS", {})
+    monkeypatch.delenv("ROCJIT_GEMM_FP8_TMA", raising=False)
+    monkeypatch.delenv("ROCJIT_AUTOTUNE", raising=False)
+    c, a = torch.empty(4, 4, dtype=torch.bfloat16), torch.empty(4, 4, dtype=torch.uint8)
+    ask = lambda M=4096, rows=False: G.config_for(c, a, a, None, None, M, 4096, 4096, rows, False, "sm_90a")  # noqa: E731
+    assert ask() == ask() == {"n": 1} and len(calls) == 1
+    assert ask(M=4095) == {"n": 2} and ask(rows=True) == {"n": 3} and len(calls) == 3
+    tune.clear_memory()
+    assert ask() == {"n": 4}
+    monkeypatch.setenv("ROCJIT_GEMM_FP8_TMA", "0")
+    assert ask() == {"n": 5} and ask() == {"n": 5}
+    monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")
+    assert ask() == {"n": 6}
+    monkeypatch.setattr(tune, "capturing", lambda: True)
+    assert ask(M=8) == {"n": 7} and ask(M=8) == {"n": 8}
+
+
+def test_pipelined_tma_kernel_keeps_its_wgmmas_asynchronous():
+    """ptxas serializes every wgmma of a kernel when it sees an accumulator register read while a wgmma owns it
+    (message C7514, e.g. a compiler copy of an in-flight partial set): the pipelined-partials TMA kernel exists to
+    overlap K block kb + 1's wgmmas with kb's promotion, so its build must not carry that message."""
+    try:
+        from rocjit.compilers import nvrtc
+        nvrtc._nvrtc()
+    except Exception as e:
+        pytest.skip(f"NVRTC is not usable here: {e}")
+    from rocjit.compiler import kernels_src_dir
+    from rocjit.kernel import Module
+    names = [f"gemm_fp8_blockwise_{k}<__hip_bfloat16, {slabs}, {st}, {pipe}, false, false, true>"
+             for k, slabs, st, pipe in (("tma_kernel", 1, 6, "true"), ("tma2_kernel", 1, 6, "true"),
+                                        ("tma_kernel", 2, 4, "false"))]
+    mod = Module(kernels_src_dir() / G.SRC_SM90, options=["--ptxas-options=-v"])
+    log = mod.compile("sm_90a", name_expressions=names).log
+    assert "Compiling entry function" in log            # the log is ptxas' verbose report
+    bad = [line for line in log.splitlines() if re.search(r"C751[0-9]|serializ", line)]
+    assert not bad, "\n".join(bad)
+    assert not re.search(r"[1-9]\d* bytes spill", log), log

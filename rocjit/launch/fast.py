@@ -51,7 +51,7 @@ def build(kernel, plat, spec: ParamSpec, target: str) -> FastPath | None:
         binding = plat.fast_launch()
     except ImportError:
         return None
-    fmt = spec.struct_format() if spec.packable else None
+    fmt = spec.struct_format() if spec.python_packable else None
     tensors = [f"a{i}" for i, s in enumerate(spec.slots) if s.pointer]
     if binding is None or fmt is None or not tensors:
         return None
@@ -71,7 +71,10 @@ def build(kernel, plat, spec: ParamSpec, target: str) -> FastPath | None:
     source = _generate(spec, tensors, multi, binding.returns_tuple, env, torch)
     exec(compile(source, f"<rocjit launcher {kernel.name}>", "exec"), env)
     py_make = env["make"]
-    native_spec = _native_spec(kernel, plat, spec, torch, kernel.programmatic_launch(target))
+    # the native launcher packs pointers and plain scalars only: a kernel with a by-value struct keeps the
+    # generated launcher
+    native_spec = (_native_spec(kernel, plat, spec, torch, kernel.programmatic_launch(target)) if spec.packable
+                   else None)
     if native_spec is None:
         make = py_make
     else:   # the native launcher takes the common case and hands the rest to the generated one
@@ -100,7 +103,9 @@ def _generate(spec: ParamSpec, tensors, multi: bool, returns_tuple: bool, env: d
                 aligned.setdefault(signature.POINTEE_ALIGN[p.ctype], []).append(f"p{i}")
             values.append(f"p{i}")
             continue
-        if s.code in "fd":
+        if s.code is None:                        # a by-value struct: bytes of its exact size
+            conds.append(f"type({a}) is bytes and len({a}) == {s.size}")
+        elif s.code in "fd":
             conds.append(f"(type({a}) is float or type({a}) is int)")
         elif s.code == "?":
             conds.append(f"type({a}) is bool")

@@ -33,6 +33,11 @@ class Slot:
     def pointer(self) -> bool:
         return self.param.pointer
 
+    @property
+    def raw(self) -> bool:
+        """A by-value struct (e.g. a TMA tensor map): the launch copies the caller's bytes of exactly its size."""
+        return self.code is None and self.param.ctype not in signature.HALF_TYPES | signature.BF16_TYPES
+
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -84,14 +89,21 @@ class ParamSpec:
         """Every parameter is a pointer or a plain scalar: the generated and native launchers can pack it."""
         return all(s.code is not None for s in self.slots)
 
+    @property
+    def python_packable(self) -> bool:
+        """Every parameter is a pointer, a plain scalar or a by-value struct: the generated launcher can pack it
+        (structs as `bytes` of their exact size; 16-bit floats, which need converting, go the general path)."""
+        return all(s.code is not None or s.raw for s in self.slots)
+
     def struct_format(self) -> str | None:
         """A struct module format placing each parameter at its offset (explicit padding, no implicit alignment),
-        in parameter order; None for a layout whose offsets do not increase with it."""
+        in parameter order, by-value structs as `<size>s`; None for a layout whose offsets do not increase with it
+        or a parameter the generated launcher does not pack."""
         fmt, at = "=", 0
         for s in self.slots:
-            if s.offset < at:
+            if s.offset < at or not (s.code is not None or s.raw):
                 return None
-            fmt += "x" * (s.offset - at) + ("Q" if s.code == "P" else s.code)
+            fmt += "x" * (s.offset - at) + ("Q" if s.code == "P" else s.code or f"{s.size}s")
             at = s.offset + s.size
         return fmt
 

@@ -265,6 +265,7 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     """The TMA kernel: the operands go in as tensor maps (by-value kernel parameters, encoded by the driver for
     each new address and shape), so a call records no plan: it is for products whose GPU time dwarfs the host's."""
     from rocjit.platform import cuda
+    call.forget()           # tensor maps are encoded per address: no plan can replay this launch
     bm, cluster = cfg["bm"], cfg["cluster"]
     if not _tma_takes(bm, cfg["pipe"], sb_rows):
         raise ValueError(f"{NAME}: the TMA kernel's config {cfg} does not take per-row B scales")
@@ -300,8 +301,28 @@ def _smem_limit(dev: int) -> int:
                or attrs.get("shared_per_block_optin") or 227 * 1024)
 
 
+# config_for's answers once tune.pick has settled them (a winner it remembers, or its default with autotuning
+# off), keyed by everything the answer depends on: the products whose TMA kernel records no eager plan make this
+# choice on every call, and candidates() + pick() cost more host time than the rest of the call
+_CONFIGS: dict = {}
+
+
 def config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target):
     dev = c.device.index or 0
+    memo = (dev, M, N, K, sb_rows, a_km.dtype, c.dtype, tune.generation, tune.enabled(),
+            os.environ.get("ROCJIT_GEMM_FP8_TMA"), os.environ.get("ROCJIT_GEMM_FP8_SM90"))
+    hit = _CONFIGS.get(memo)
+    if hit is not None:
+        return hit
+    cfg = _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev)
+    if not tune.capturing():             # under capture pick() answers a default it does not remember
+        if len(_CONFIGS) >= 4096:
+            _CONFIGS.clear()
+        _CONFIGS[memo] = cfg
+    return cfg
+
+
+def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     _, devname, sms = G._device(dev)
     cands = candidates(target, _smem_limit(dev), sb_rows=sb_rows)
     default = default_config(M, N, sms, cands)

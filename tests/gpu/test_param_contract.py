@@ -86,3 +86,31 @@ def test_amd_context_handle_is_what_the_native_launcher_compares():
     launch(x)
     torch.cuda.synchronize()
     assert x.eq(4).all() and getattr(launch, "native_calls", 1) >= 1
+
+
+MAP = r"""
+#include <hip/hip_runtime.h>
+struct alignas(64) Map { unsigned char b[128]; };
+__global__ void by_value_map(float* out, Map m, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = m.b[i];
+}
+"""
+
+
+def test_by_value_structs_take_the_generated_launcher():
+    """A kernel with a by-value struct (a TMA tensor map, say) launches through the generated Python launcher, its
+    bytes packed at the struct's offset; bytes of another size still go the general path and its named error."""
+    from rocjit.launch import general
+    if general.debug():
+        pytest.skip("debug mode launches everything through the general path")
+    k = rocjit.kernel(MAP)
+    out = torch.full((130,), -1.0, device="cuda")
+    launch = k[1, 128]
+    assert getattr(launch, "__name__", "") == "launch_kernel", f"not the generated launcher: {launch!r}"
+    launch(out, bytes(range(7, 135)), 128)
+    torch.cuda.synchronize()
+    assert out[:128].tolist() == list(range(7, 135)) and out[128:].tolist() == [-1.0, -1.0]
+    for wrong in (bytes(127), bytes(129), bytearray(range(128))[:64]):
+        with pytest.raises(rocjit.ArgumentError, match=r"parameter 'm' \(Map m\): got \d+ bytes, the compiled "
+                                                       r"kernel takes 128"):
+            launch(out, wrong, 128)
