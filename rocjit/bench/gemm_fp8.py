@@ -130,7 +130,9 @@ def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):
             result.setdefault("notes", []).append(f"wgmma kernel {cfg} at {M}x{N}x{K}: {bad} (elements wrong): not timed")
             continue
         kind = "tma" if cfg["kernel"] == "tma" else "wgmma"
-        out[f"NT_{kind}_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{'ws' if cfg.get('ws') else ''}"] = fn
+        tail = ("ws" if cfg.get("ws") else "") + ("p" if cfg.get("pipe") else "") + \
+            (f"c{cfg['cluster']}" if cfg.get("cluster", 1) > 1 else "")
+        out[f"NT_{kind}_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{tail}"] = fn
     return out
 
 

@@ -105,6 +105,7 @@ def test_by_value_structs_take_the_generated_launcher():
         pytest.skip("debug mode launches everything through the general path")
     k = rocjit.kernel(MAP)
     out = torch.full((130,), -1.0, device="cuda")
+    k.loaded(0)                     # the launchers are built when the kernel is loaded
     launch = k[1, 128]
     assert getattr(launch, "__name__", "") == "launch_kernel", f"not the generated launcher: {launch!r}"
     launch(out, bytes(range(7, 135)), 128)
