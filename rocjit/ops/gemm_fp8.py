@@ -125,11 +125,16 @@ def candidates(target: str, smem_limit: int, sm90: bool | None = None, sb_rows: 
 
 def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
     """Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
-    sm_90a above 64 rows: the TMA kernel (no cluster, no pipelined partials: both measured slower on an H100 at
-    every shape of `bench gemm_fp8`) with 256 x 128 tiles when that gives every multiprocessor one, else 128 x 128;
+    sm_90a above 64 rows: the TMA kernel without clusters (measured no faster on an H100 at most shapes of
+    `bench gemm_fp8`) with 256 x 128 tiles when that gives every multiprocessor one, else 128 x 128 with pipelined
+    partials (faster than without at 5 of 6 shapes measured);
     with the TMA kernel turned off, the wgmma kernel's largest such tile (128 x 256, then 128 x 128), else 64 x 128."""
     tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
-    tma = [c for c in cands if c.get("kernel") == "tma" and c["cluster"] == 1 and not c["pipe"]]
+    by_bm = {}                                     # per tile height: pipelined partials where a candidate has them
+    for c in cands:
+        if c.get("kernel") == "tma" and c["cluster"] == 1 and (c["bm"] not in by_bm or c["pipe"]):
+            by_bm[c["bm"]] = c
+    tma = [by_bm[bm] for bm in sorted(by_bm, reverse=True)]
     if tma and M > 64:
         for c in tma:                              # the largest tile that gives every multiprocessor one
             if tiles(c["bm"], c["bn"]) >= sms or c is tma[-1]:
