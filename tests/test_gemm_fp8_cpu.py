@@ -94,8 +94,9 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     assert "kernel" not in G.default_config(1, 7168, 132, cands)
     tma = [c for c in cands if c.get("kernel") == "tma"]
     assert len(tma) == len(G._TMA_TILES) and all(G.threads(c, "sm_90a") == 384 for c in tma)
-    assert all(c["bm"] == 128 and not c["pipe"] for c in G.candidates("sm_90a", 227 * 1024, sb_rows=True)
-               if c.get("kernel") == "tma")
+    rows_tma = [c for c in G.candidates("sm_90a", 227 * 1024, sb_rows=True) if c.get("kernel") == "tma"]
+    assert rows_tma and all(c["bm"] == 128 for c in rows_tma) and any(c["pipe"] for c in rows_tma)
+    assert G.default_config(1024, 2112, 132, rows_tma)["pipe"]             # pipelined partials where offered
     # without the TMA kernel: the cp.async-fed wgmma kernel, as before
     monkeypatch.setenv("ROCJIT_GEMM_FP8_TMA", "0")
     cands = G.candidates("sm_90a", 227 * 1024)
@@ -191,6 +192,7 @@ def test_pipelined_tma_kernel_keeps_its_wgmmas_asynchronous():
     names = [f"gemm_fp8_blockwise_{k}<__hip_bfloat16, {slabs}, {st}, {pipe}, false, false, true>"
              for k, slabs, st, pipe in (("tma_kernel", 1, 6, "true"), ("tma2_kernel", 1, 6, "true"),
                                         ("tma_kernel", 2, 4, "false"))]
+    names.append("gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, true, true, false, true>")   # per-row B scales
     mod = Module(kernels_src_dir() / G.SRC_SM90, options=["--ptxas-options=-v"])
     log = mod.compile("sm_90a", name_expressions=names).log
     assert "Compiling entry function" in log            # the log is ptxas' verbose report

@@ -61,8 +61,8 @@ _TMA_TILES = ((256, 4, False, 2), (256, 4, False, 1), (128, 6, True, 2), (128, 6
 
 
 def _tma_takes(bm: int, pipe: bool, sb_rows: bool) -> bool:
-    """Per-row B scales fit the TMA kernel's registers only with its 128-row tile and without pipelined partials."""
-    return not (sb_rows and (bm > 128 or pipe))
+    """Per-row B scales fit the TMA kernel's registers only with its 128-row tile."""
+    return not (sb_rows and bm > 128)
 
 
 def tma_enabled() -> bool:
