@@ -649,13 +649,14 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                 const int r0 = m0 + (cg * SLABS + j) * 64 + (warp & 3) * 16 + (lane >> 2);
                 if constexpr (sizeof(OT) == 2 && !TRANS_C) {
                     store_fragment16<OT, VEC_OUT>(c, ldc, acc[j], r0, n0, M, N, lane);
-                    continue;
-                }
+                } else {
 #pragma unroll
-                for (int q = 0; q < 16; ++q) {
-                    const int col = n0 + 8 * q + col_in_8;
-                    store_pair<OT>(c, ldc, r0, col, acc[j][4 * q], acc[j][4 * q + 1], M, N, TRANS_C, VEC_OUT);
-                    store_pair<OT>(c, ldc, r0 + 8, col, acc[j][4 * q + 2], acc[j][4 * q + 3], M, N, TRANS_C, VEC_OUT);
+                    for (int q = 0; q < 16; ++q) {
+                        const int col = n0 + 8 * q + col_in_8;
+                        store_pair<OT>(c, ldc, r0, col, acc[j][4 * q], acc[j][4 * q + 1], M, N, TRANS_C, VEC_OUT);
+                        store_pair<OT>(c, ldc, r0 + 8, col, acc[j][4 * q + 2], acc[j][4 * q + 3], M, N, TRANS_C,
+                                       VEC_OUT);
+                    }
                 }
             }
         }

@@ -144,6 +144,9 @@ ROCJIT_INLINE void mma_m64n128k32_fresh(float (&d)[64], unsigned long long desc_
     unsupported_on_target();
 #endif
 }
+#undef ROCJIT_WGMMA_D64
+#undef ROCJIT_WGMMA_D8
+#undef ROCJIT_WGMMA_D64_REGS
 
 ROCJIT_INLINE void mma_m64n256k32(float (&d)[128], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
 #if ROCJIT_HAS_WGMMA

@@ -51,7 +51,7 @@ def build(kernel, plat, spec: ParamSpec, target: str) -> FastPath | None:
         binding = plat.fast_launch()
     except ImportError:
         return None
-    fmt = spec.struct_format() if spec.python_packable else None
+    fmt = spec.struct_format()              # None where the generated launcher cannot pack a parameter
     tensors = [f"a{i}" for i, s in enumerate(spec.slots) if s.pointer]
     if binding is None or fmt is None or not tensors:
         return None
@@ -71,10 +71,7 @@ def build(kernel, plat, spec: ParamSpec, target: str) -> FastPath | None:
     source = _generate(spec, tensors, multi, binding.returns_tuple, env, torch)
     exec(compile(source, f"<rocjit launcher {kernel.name}>", "exec"), env)
     py_make = env["make"]
-    # the native launcher packs pointers and plain scalars only: a kernel with a by-value struct keeps the
-    # generated launcher
-    native_spec = (_native_spec(kernel, plat, spec, torch, kernel.programmatic_launch(target)) if spec.packable
-                   else None)
+    native_spec = _native_spec(kernel, plat, spec, torch, kernel.programmatic_launch(target))
     if native_spec is None:
         make = py_make
     else:   # the native launcher takes the common case and hands the rest to the generated one

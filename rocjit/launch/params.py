@@ -99,9 +99,11 @@ class ParamSpec:
         """A struct module format placing each parameter at its offset (explicit padding, no implicit alignment),
         in parameter order, by-value structs as `<size>s`; None for a layout whose offsets do not increase with it
         or a parameter the generated launcher does not pack."""
+        if not self.python_packable:
+            return None
         fmt, at = "=", 0
         for s in self.slots:
-            if s.offset < at or not (s.code is not None or s.raw):
+            if s.offset < at:
                 return None
             fmt += "x" * (s.offset - at) + ("Q" if s.code == "P" else s.code or f"{s.size}s")
             at = s.offset + s.size
@@ -109,7 +111,10 @@ class ParamSpec:
 
     def native_params(self, dtype_code):
         """The native launcher's description: [(code, offset, alignment, (packed dtype, ...))], or None where a
-        pointer's dtypes are not ones the framework has. `dtype_code(name)` packs a dtype name, None if unknown."""
+        pointer's dtypes are not ones the framework has or a parameter is not a pointer or plain scalar (the native
+        launcher packs no by-value structs). `dtype_code(name)` packs a dtype name, None if unknown."""
+        if not self.packable:
+            return None
         out = []
         for s in self.slots:
             if s.code != "P":

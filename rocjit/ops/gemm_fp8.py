@@ -300,8 +300,7 @@ def src_hash() -> str:
 def _smem_limit(dev: int) -> int:
     """The device's opt-in shared memory per block, read once (as _gemm._device does)."""
     from rocjit import platform
-    plat = platform.get()
-    attrs = plat.device_attributes(dev)
+    attrs = platform.get().device_attributes(dev)
     return int(attrs.get("max_shared_per_block_optin") or attrs.get("max_shared_memory_per_block_optin")
                or attrs.get("shared_per_block_optin") or 227 * 1024)
 
