@@ -440,8 +440,10 @@ static PyTypeObject LauncherType = {
  * allocated and the launches it made, each argument of each launch named as an op argument, an output or a
  * constant -- keyed by everything the op's checks looked at: each tensor argument's dtype, shape, device,
  * contiguity and 16-byte alignment, the exact type of each forwarded scalar and the value of each option. A call
- * whose arguments match a plan's key allocates that plan's outputs through the framework's DLPack allocator and
- * calls the same launchers (the native Launcher objects, which check their own arguments again); any other call,
+ * whose arguments match a plan's key allocates that plan's outputs with the framework's own `empty` (torch.empty
+ * called with the plan's sizes, dtype and device: real framework tensors, so the caching allocator knows them and
+ * Tensor.record_stream works on them, which it silently did not on tensors wrapped from DLPack) and calls the same
+ * launchers (the native Launcher objects, which check their own arguments again); any other call,
  * and any call that cannot be completed here, goes untouched to the op's Python path, which decides errors. */
 #define RJ_MAX_OP_ARGS 16
 #define RJ_MAX_DIMS 8
@@ -468,9 +470,8 @@ typedef struct {
 } rj_launch;
 
 typedef struct {
-    uint32_t dtype;
-    int ndim;
-    int64_t shape[RJ_MAX_DIMS];
+    int nargv;
+    PyObject *argv[RJ_MAX_DIMS + 2];   /* empty(*sizes, dtype=, device=): the sizes (or one () for 0-d), dtype, device */
 } rj_out;
 
 typedef struct {
@@ -491,6 +492,8 @@ typedef struct {
 
 static void plan_dealloc(Plan *self) {
     for (int i = 0; i < self->nargs; i++) Py_XDECREF(self->args[i].value);
+    for (int j = 0; j < self->nouts; j++)
+        for (int a = 0; a < self->outs[j].nargv + 2; a++) Py_XDECREF(self->outs[j].argv[a]);
     for (int i = 0; i < self->nconsts; i++) Py_XDECREF(self->consts[i]);
     for (int i = 0; i < self->nlaunches; i++) {
         Py_XDECREF(self->launches[i].launcher);
@@ -524,6 +527,7 @@ typedef struct {
     PyTypeObject *types[RJ_MAX_TYPES];
     const rj_exchange_api *api;
     PyObject *fallback;
+    PyObject *empty, *empty_kwnames;     /* the framework's empty, ("dtype", "device") */
     int nplans;
     Plan *plans[RJ_MAX_PLANS];           /* most recently added first */
     unsigned long long hits, misses, direct;
@@ -592,10 +596,6 @@ static int key_equal(const rj_argkey *a, const rj_argkey *b) {
             return 0;
         return memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
     }
-}
-
-static void set_alloc_error(void *ctx, const char *kind, const char *message) {
-    (void)ctx; (void)kind; (void)message;   /* the Python path repeats the allocation and reports */
 }
 
 static PyObject *ref_object(const rj_ref *r, PyObject *const *args, PyObject **outs, PyObject **consts) {
@@ -693,27 +693,19 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
     if (plan->stream_bound && stream != plan->stream) goto miss;
     for (; nouts < plan->nouts; nouts++) {
         rj_out *o = &plan->outs[nouts];
-        rj_tensor proto;
-        memset(&proto, 0, sizeof proto);
-        proto.device.device_type = plan->device_type;
-        proto.device.device_id = plan->device_id;
-        proto.ndim = o->ndim;
-        proto.dtype.code = (uint8_t)(o->dtype & 0xff);
-        proto.dtype.bits = (uint8_t)(o->dtype >> 8 & 0xff);
-        proto.dtype.lanes = (uint16_t)(o->dtype >> 16);
-        proto.shape = o->shape;
-        rj_managed_tensor *mt = NULL;
-        void *obj = NULL;
-        if (self->api->managed_tensor_allocator(&proto, &mt, NULL, set_alloc_error) != 0 || !mt) {
+        rj_tensor dl;
+        PyObject *obj = PyObject_Vectorcall(self->empty, o->argv, (size_t)o->nargv, self->empty_kwnames);
+        if (!obj) {
+            PyErr_Clear();               /* out of memory...: the Python path repeats the allocation and reports */
+            goto miss;
+        }
+        outs[nouts] = obj;
+        if (self->api->dltensor_from_py_object_no_sync(obj, &dl) != 0) {
             PyErr_Clear();
+            nouts++;
             goto miss;
         }
-        if (self->api->managed_tensor_to_py_object_no_sync(mt, &obj) != 0 || !obj) {
-            PyErr_Clear();               /* the framework released the tensor or never took it: see its docs */
-            goto miss;
-        }
-        outs[nouts] = (PyObject *)obj;
-        out_ptrs[nouts] = (char *)mt->dl_tensor.data + mt->dl_tensor.byte_offset;   /* mt lives on in obj */
+        out_ptrs[nouts] = (char *)dl.data + dl.byte_offset;
     }
     for (int l = 0; l < plan->nlaunches; l++) {
         rj_launch *L = &plan->launches[l];
@@ -753,25 +745,26 @@ fallback:
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
 }
 
-/* Plans(roles, fallback, exchange_api, tensor_types): roles is one letter per positional op argument. */
+/* Plans(roles, fallback, exchange_api, tensor_types, empty): roles is one letter per positional op argument; empty
+ * makes the outputs, called as empty(*sizes, dtype=..., device=...). */
 static int plans_init(Plans *self, PyObject *args, PyObject *kw) {
     const char *roles;
-    PyObject *fallback, *api, *types;
-    if (!PyArg_ParseTuple(args, "sOOO!", &roles, &fallback, &api, &PyTuple_Type, &types)) return -1;
+    PyObject *fallback, *api, *types, *empty;
+    if (!PyArg_ParseTuple(args, "sOOO!O", &roles, &fallback, &api, &PyTuple_Type, &types, &empty)) return -1;
     size_t n = strlen(roles);
     if (n > RJ_MAX_OP_ARGS || strspn(roles, "TSO") != n) {
         PyErr_Format(PyExc_ValueError, "roles: at most %d of 'T', 'S', 'O'", RJ_MAX_OP_ARGS);
         return -1;
     }
     if (!PyCallable_Check(fallback)) { PyErr_SetString(PyExc_TypeError, "fallback: a callable"); return -1; }
+    if (!PyCallable_Check(empty)) { PyErr_SetString(PyExc_TypeError, "empty: a callable"); return -1; }
     if (PyTuple_GET_SIZE(types) < 1 || PyTuple_GET_SIZE(types) > RJ_MAX_TYPES) {
         PyErr_SetString(PyExc_ValueError, "tensor_types: 1 to 4 types");
         return -1;
     }
     self->api = address_of(api, "exchange_api");
     if (!self->api) return -1;
-    if (self->api->major != 1 || !self->api->dltensor_from_py_object_no_sync || !self->api->current_work_stream ||
-        !self->api->managed_tensor_allocator || !self->api->managed_tensor_to_py_object_no_sync) {
+    if (self->api->major != 1 || !self->api->dltensor_from_py_object_no_sync || !self->api->current_work_stream) {
         PyErr_SetString(PyExc_ValueError, "the framework's DLPack exchange API lacks what op plans need");
         return -1;
     }
@@ -785,6 +778,10 @@ static int plans_init(Plans *self, PyObject *args, PyObject *kw) {
     }
     Py_INCREF(fallback);
     Py_XSETREF(self->fallback, fallback);
+    Py_XSETREF(self->empty_kwnames, Py_BuildValue("(ss)", "dtype", "device"));
+    if (!self->empty_kwnames) return -1;
+    Py_INCREF(empty);
+    Py_XSETREF(self->empty, empty);
     self->vectorcall = (vectorcallfunc)plans_vectorcall;
     return 0;
 }
@@ -806,7 +803,7 @@ static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts) 
 
 /* plans.add(args, outputs, consts, launches, result, as_tuple, stream)
  *   args: the op arguments of the call being recorded (its key is read from them, as a later call's would be)
- *   outputs: [(dtype, shape), ...] allocated on the device of the plan's tensors
+ *   outputs: [(shape, dtype, device), ...]: empty(*shape, dtype=dtype, device=device) for each
  *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | None
  *   result: [ref, ...], returned as a tuple when as_tuple, else its one element
  *   stream: None, or the stream handle the plan is bound to (its constants belong to that stream)
@@ -850,19 +847,27 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
     if (PyList_GET_SIZE(outputs) > RJ_MAX_OUTS) { PyErr_SetString(PyExc_ValueError, "outputs: too many"); goto fail; }
     p->nouts = (int)PyList_GET_SIZE(outputs);
     for (int j = 0; j < p->nouts; j++) {
-        unsigned long dtype;
-        PyObject *shape;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(outputs, j), "kO!", &dtype, &PyTuple_Type, &shape)) goto fail;
-        if (PyTuple_GET_SIZE(shape) > RJ_MAX_DIMS) { PyErr_SetString(PyExc_ValueError, "output: too many dims"); goto fail; }
-        p->outs[j].dtype = (uint32_t)dtype;
-        p->outs[j].ndim = (int)PyTuple_GET_SIZE(shape);
-        for (int d = 0; d < p->outs[j].ndim; d++) {
-            p->outs[j].shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
-            if (p->outs[j].shape[d] < 0) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "output: negative size");
+        PyObject *shape, *dtype, *device;
+        rj_out *o = &p->outs[j];
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(outputs, j), "O!OO", &PyTuple_Type, &shape, &dtype, &device)) goto fail;
+        Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+        if (nd > RJ_MAX_DIMS) { PyErr_SetString(PyExc_ValueError, "output: too many dims"); goto fail; }
+        for (Py_ssize_t d = 0; d < nd; d++) {
+            PyObject *s = PyTuple_GET_ITEM(shape, d);
+            if (!PyLong_CheckExact(s) || PyLong_AsLongLong(s) < 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "output: sizes are ints >= 0");
                 goto fail;
             }
         }
+        o->nargv = nd ? (int)nd : 1;
+        for (int d = 0; d < o->nargv; d++) {
+            o->argv[d] = nd ? PyTuple_GET_ITEM(shape, d) : shape;
+            Py_INCREF(o->argv[d]);
+        }
+        o->argv[o->nargv] = dtype;
+        o->argv[o->nargv + 1] = device;
+        Py_INCREF(dtype);
+        Py_INCREF(device);
     }
     p->nconsts = (int)PyList_GET_SIZE(consts);
     p->consts = PyMem_Calloc(p->nconsts ? p->nconsts : 1, sizeof(PyObject *));
@@ -946,11 +951,14 @@ static PyObject *plans_clear_all(Plans *self, PyObject *unused) {
 
 static int plans_traverse(Plans *self, visitproc visit, void *arg) {
     Py_VISIT(self->fallback);
+    Py_VISIT(self->empty);
     return 0;
 }
 
 static int plans_gc_clear(Plans *self) {
     Py_CLEAR(self->fallback);
+    Py_CLEAR(self->empty);
+    Py_CLEAR(self->empty_kwnames);
     plans_clear_all(self, NULL);
     return 0;
 }

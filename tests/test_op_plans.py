@@ -76,18 +76,19 @@ class Rec:
 
 def _plans(mod, roles="TTSO"):
     fb = Fallback()
-    return mod.Plans(roles, fb, torch.Tensor.__dlpack_c_exchange_api__, (torch.Tensor, torch.nn.Parameter)), fb
+    return mod.Plans(roles, fb, torch.Tensor.__dlpack_c_exchange_api__, (torch.Tensor, torch.nn.Parameter),
+                     torch.empty), fb
 
 
-def _f16():
-    return native.torch_dtype_code(torch.float16)
+def _out(shape, dtype=torch.float16, device="cpu"):
+    return (tuple(shape), dtype, torch.device(device))
 
 
 def test_a_matching_call_replays_outputs_and_launches(mod):
     P, fb = _plans(mod)
     rec = Rec()
     x, w, dummy = torch.randn(4, 64), torch.randn(64), torch.zeros(1)
-    assert P.add((x, w, 1e-6, "a"), [(_f16(), (4, 64))], [dummy, 7],
+    assert P.add((x, w, 1e-6, "a"), [_out((4, 64))], [dummy, 7],
                  [(rec, [("o", 0), ("a", 0), ("a", 1), ("a", 2), ("c", 0), ("c", 1), None], 0)],
                  [("o", 0), ("a", 1)], True, None)
     x2 = torch.randn(4, 64)
@@ -99,6 +100,31 @@ def test_a_matching_call_replays_outputs_and_launches(mod):
     y2, _ = P(x2, w, 0.5, "a")
     assert y2.data_ptr() != y.data_ptr() or y is not y2          # a new output every call
     assert P.hits == 2 and fb.calls == []
+
+
+def test_replayed_outputs_are_the_frameworks_own_tensors(mod):
+    # made by torch.empty itself, not wrapped from DLPack: a storage of their own that torch's allocator knows
+    # (on CUDA, Tensor.record_stream was silently ignored on wrapped tensors: tests/gpu/test_op_layer.py)
+    P, _ = _plans(mod, "T")
+    x = torch.randn(3)
+    assert P.add((x,), [_out((2, 5), torch.float32), _out((), torch.int32), _out((0, 4), torch.bfloat16)], [],
+                 [(Rec(), [("o", 0), ("o", 1), ("o", 2), ("a", 0)], 0)], [("o", 0), ("o", 1), ("o", 2)], True, None)
+    a, b, c = P(torch.randn(3))
+    assert (a.shape, a.dtype, b.shape, b.dtype, c.shape, c.dtype) == (
+        (2, 5), torch.float32, (), torch.int32, (0, 4), torch.bfloat16)
+    for t in (a, b, c):
+        assert t.untyped_storage().resizable() and t._base is None and t.device == torch.device("cpu")
+    assert P.hits == 1
+
+
+def test_bad_output_descriptions_are_refused(mod):
+    P, _ = _plans(mod, "T")
+    x = torch.randn(3)
+    for bad in [((2, -1), torch.float32, torch.device("cpu")), ((2.0,), torch.float32, torch.device("cpu")),
+                ((1,) * 9, torch.float32, torch.device("cpu")), ((2,), torch.float32)]:
+        with pytest.raises((ValueError, TypeError)):
+            P.add((x,), [bad], [], [(Rec(), [("o", 0)], 0)], [("o", 0)], False, None)
+    assert P.size == 0
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "stride", "alignment", "option_value", "option_type",
@@ -185,7 +211,7 @@ def test_replay_through_a_native_launcher_packs_what_the_launcher_packs(mod):
     y = torch.randn(256)[4:]                              # 16-byte aligned
     refs = [("a", 2), ("a", 0), ("o", 0), ("c", 0), ("c", 1), ("c", 2), ("c", 3), ("c", 4)]
     consts = [7, 2**64 - 1, True, -0.125, -5]
-    assert P.add((x, y, 2.5), [(native.torch_dtype_code(torch.float32), (252,))], consts,
+    assert P.add((x, y, 2.5), [_out((252,), torch.float32)], consts,
                  [(launcher, refs, 0)], [("o", 0)], False, None)
     x2 = torch.randn(64)
     out = P(x2, y, 1.5)

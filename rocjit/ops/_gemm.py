@@ -241,7 +241,6 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
                call=UNRECORDED, *, ep: str = EP_STORE, residual=None, out_scale=None):
     """C = A W^T (* scales) with skinny_gemm_kernel; split-K partials reduced by skinny_splitk_reduce, which then
     runs the epilogue `ep` (EP_STORE, EP_RESIDUAL with `residual`, ep_swiglu(fmt) with `out_scale` for FP8)."""
-    import torch
     nt = _m_tiles(M, target)
     mt, wk, un, splits = cfg["mt"], cfg["warps_k"], cfg["unroll"], cfg["splits"]
     per16 = 16 // a.element_size()
@@ -258,7 +257,10 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
         call.launch(k, grid, wk * wave, a, w, out, None, residual, out_scale, scale_a, scale_w, modes, M, N, K,
                     kb_per_split, ldo)
         return out
-    partial = call.empty((splits, M, N), torch.float32, a.device)
+    # the fp32 partials go to the current stream's workspace (launches on one stream never overlap), so a
+    # replayed split-K call allocates its output alone
+    partial = call.const(_stream_buffers(a.device, 0, splits * M * N)[1])
+    call.bind_stream()
     call.launch(k, grid, wk * wave, a, w, out, partial, residual, out_scale, scale_a, scale_w, modes, M, N, K,
                 kb_per_split, ldo)
     r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {ep}>")

@@ -16,7 +16,7 @@ What the skeleton gives every op:
   launches it made, each launch argument named as an op argument, an output or a constant) into the op's
   native `Plans` (rocjit/launcher.c). A later call whose arguments match -- every tensor's dtype, shape, device,
   contiguity and 16-byte alignment, each forwarded scalar's type, each option's value -- is replayed in C: one
-  allocation per output through torch's DLPack allocator and the same native launchers. Anything else takes the
+  torch.empty per output (called from C with the recorded sizes, dtype and device) and the same native launchers. Anything else takes the
   full path again, so every check and every error message stays where it is written. `roles` says, per
   parameter, what a call's key reads: ``T`` a tensor or None, ``S`` a float forwarded to the kernels as it is
   (its value is not part of the key), ``O`` an option compared by value.
@@ -176,8 +176,8 @@ def _activate(entry: Op) -> None:
     if mod is None or api is None or not hasattr(mod, "Plans"):
         return
     try:
-        entry.plans = mod.Plans(entry.roles, _python_path(entry), api, (tm.Tensor, tm.nn.Parameter))
-    except ValueError:          # an exchange API without the allocator: the Python path does every call
+        entry.plans = mod.Plans(entry.roles, _python_path(entry), api, (tm.Tensor, tm.nn.Parameter), tm.empty)
+    except ValueError:          # an exchange API without what plans need: the Python path does every call
         return
     holder.call = entry.plans
 
@@ -267,7 +267,7 @@ class Call:
             if not self.ok or (r is not None and ref[0] == "c"):
                 return result
             refs.append(tuple(ref) if ref is not None else None)
-        outputs = [(_dtype_code(t), shape) for t, shape in self._outs]
+        outputs = [(shape, t.dtype, t.device) for t, shape in self._outs]
         launches = [(fn, [tuple(r) if r is not None else None for r in refs_], sm)
                     for fn, refs_, sm, _ in self._launches]
         self.op.last_plan = [(k.name, sum(p.pointer for p in k.params), sum(not p.pointer for p in k.params))
@@ -281,16 +281,6 @@ class Call:
 
 
 UNRECORDED = Call(None)
-
-
-@functools.lru_cache(maxsize=None)
-def _dtype_code_of(dtype) -> int:
-    from rocjit import native
-    return native.torch_dtype_code(dtype)
-
-
-def _dtype_code(t) -> int:
-    return _dtype_code_of(t.dtype)
 
 
 # ----------------------------------------------------------------------------- the registry's readers

@@ -187,3 +187,31 @@ def test_quantize_fp8_into_out_replays_and_allocates_nothing(gran):
         ops.quantize_fp8(x, granularity=gran, out=q, scale_out=s.half())
     with pytest.raises(ValueError, match="scale_out= has nothing to receive"):
         ops.quantize_fp8(x, scale=torch.tensor([0.1], device="cuda"), out=q, scale_out=s)
+
+
+@pytest.mark.parametrize("make", ["replay", "full_path"])
+def test_outputs_honor_record_stream(make):
+    # an output used on another stream and released there with record_stream must not be handed out again by the
+    # caching allocator before that stream is done (a replay's outputs were DLPack-wrapped tensors once, on which
+    # torch ignores record_stream: the block came back at once while the other stream still read it)
+    x = torch.randn(2, 4096, device="cuda").to(BF)
+    w = torch.rand(4096, device="cuda").to(BF) + 0.5
+    for _ in range(2):
+        ops.rms_norm(x, w, 1e-6)                            # recorded, then replayed
+    before = _hits("rms_norm")
+    if make == "full_path":
+        REGISTRY["rms_norm"].clear_plans()
+    y = ops.rms_norm(x, w, 1e-6)
+    assert (_hits("rms_norm") - before) == (1 if make == "replay" else 0)
+    ptr, shape, dtype = y.data_ptr(), y.shape, y.dtype
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)                      # the other stream still has y's reads ahead of it
+        z = y.float() * 2
+    y.record_stream(side)
+    del y
+    again = torch.empty(shape, dtype=dtype, device="cuda")
+    assert again.data_ptr() != ptr, "the allocator gave out a block another stream still reads"
+    torch.cuda.synchronize()
+    assert torch.isfinite(z).all()
