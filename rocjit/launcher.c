@@ -440,10 +440,10 @@ static PyTypeObject LauncherType = {
  * allocated and the launches it made, each argument of each launch named as an op argument, an output or a
  * constant -- keyed by everything the op's checks looked at: each tensor argument's dtype, shape, device,
  * contiguity and 16-byte alignment, the exact type of each forwarded scalar and the value of each option. A call
- * whose arguments match a plan's key allocates that plan's outputs with the framework's own `empty` (torch.empty
- * called with the plan's sizes, dtype and device: real framework tensors, so the caching allocator knows them and
- * Tensor.record_stream works on them, which it silently did not on tensors wrapped from DLPack) and calls the same
- * launchers (the native Launcher objects, which check their own arguments again); any other call,
+ * whose arguments match a plan's key allocates that plan's outputs with the framework's own allocation (each
+ * output's `make`, e.g. a prototype tensor's new_empty, called with the output's sizes: real framework tensors, so
+ * the caching allocator knows them and Tensor.record_stream works on them, which it silently did not on tensors
+ * wrapped from DLPack) and calls the same launchers (the native Launcher objects, which check their own arguments again); any other call,
  * and any call that cannot be completed here, goes untouched to the op's Python path, which decides errors. */
 #define RJ_MAX_OP_ARGS 16
 #define RJ_MAX_DIMS 8
@@ -470,8 +470,9 @@ typedef struct {
 } rj_launch;
 
 typedef struct {
+    PyObject *make;                     /* make(*sizes) -> a new tensor */
     int nargv;
-    PyObject *argv[RJ_MAX_DIMS + 2];   /* empty(*sizes, dtype=, device=): the sizes (or one () for 0-d), dtype, device */
+    PyObject *argv[RJ_MAX_DIMS];        /* the sizes, or one () for a 0-d output */
 } rj_out;
 
 typedef struct {
@@ -492,8 +493,10 @@ typedef struct {
 
 static void plan_dealloc(Plan *self) {
     for (int i = 0; i < self->nargs; i++) Py_XDECREF(self->args[i].value);
-    for (int j = 0; j < self->nouts; j++)
-        for (int a = 0; a < self->outs[j].nargv + 2; a++) Py_XDECREF(self->outs[j].argv[a]);
+    for (int j = 0; j < self->nouts; j++) {
+        Py_XDECREF(self->outs[j].make);
+        for (int a = 0; a < self->outs[j].nargv; a++) Py_XDECREF(self->outs[j].argv[a]);
+    }
     for (int i = 0; i < self->nconsts; i++) Py_XDECREF(self->consts[i]);
     for (int i = 0; i < self->nlaunches; i++) {
         Py_XDECREF(self->launches[i].launcher);
@@ -527,7 +530,6 @@ typedef struct {
     PyTypeObject *types[RJ_MAX_TYPES];
     const rj_exchange_api *api;
     PyObject *fallback;
-    PyObject *empty, *empty_kwnames;     /* the framework's empty, ("dtype", "device") */
     int nplans;
     Plan *plans[RJ_MAX_PLANS];           /* most recently added first */
     unsigned long long hits, misses, direct;
@@ -694,7 +696,7 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
     for (; nouts < plan->nouts; nouts++) {
         rj_out *o = &plan->outs[nouts];
         rj_tensor dl;
-        PyObject *obj = PyObject_Vectorcall(self->empty, o->argv, (size_t)o->nargv, self->empty_kwnames);
+        PyObject *obj = PyObject_Vectorcall(o->make, o->argv, (size_t)o->nargv, NULL);
         if (!obj) {
             PyErr_Clear();               /* out of memory...: the Python path repeats the allocation and reports */
             goto miss;
@@ -745,19 +747,17 @@ fallback:
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
 }
 
-/* Plans(roles, fallback, exchange_api, tensor_types, empty): roles is one letter per positional op argument; empty
- * makes the outputs, called as empty(*sizes, dtype=..., device=...). */
+/* Plans(roles, fallback, exchange_api, tensor_types): roles is one letter per positional op argument. */
 static int plans_init(Plans *self, PyObject *args, PyObject *kw) {
     const char *roles;
-    PyObject *fallback, *api, *types, *empty;
-    if (!PyArg_ParseTuple(args, "sOOO!O", &roles, &fallback, &api, &PyTuple_Type, &types, &empty)) return -1;
+    PyObject *fallback, *api, *types;
+    if (!PyArg_ParseTuple(args, "sOOO!", &roles, &fallback, &api, &PyTuple_Type, &types)) return -1;
     size_t n = strlen(roles);
     if (n > RJ_MAX_OP_ARGS || strspn(roles, "TSO") != n) {
         PyErr_Format(PyExc_ValueError, "roles: at most %d of 'T', 'S', 'O'", RJ_MAX_OP_ARGS);
         return -1;
     }
     if (!PyCallable_Check(fallback)) { PyErr_SetString(PyExc_TypeError, "fallback: a callable"); return -1; }
-    if (!PyCallable_Check(empty)) { PyErr_SetString(PyExc_TypeError, "empty: a callable"); return -1; }
     if (PyTuple_GET_SIZE(types) < 1 || PyTuple_GET_SIZE(types) > RJ_MAX_TYPES) {
         PyErr_SetString(PyExc_ValueError, "tensor_types: 1 to 4 types");
         return -1;
@@ -778,10 +778,6 @@ static int plans_init(Plans *self, PyObject *args, PyObject *kw) {
     }
     Py_INCREF(fallback);
     Py_XSETREF(self->fallback, fallback);
-    Py_XSETREF(self->empty_kwnames, Py_BuildValue("(ss)", "dtype", "device"));
-    if (!self->empty_kwnames) return -1;
-    Py_INCREF(empty);
-    Py_XSETREF(self->empty, empty);
     self->vectorcall = (vectorcallfunc)plans_vectorcall;
     return 0;
 }
@@ -803,7 +799,7 @@ static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts) 
 
 /* plans.add(args, outputs, consts, launches, result, as_tuple, stream)
  *   args: the op arguments of the call being recorded (its key is read from them, as a later call's would be)
- *   outputs: [(shape, dtype, device), ...]: empty(*shape, dtype=dtype, device=device) for each
+ *   outputs: [(shape, make), ...]: make(*shape) makes each (make(()) for a 0-d output)
  *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | None
  *   result: [ref, ...], returned as a tuple when as_tuple, else its one element
  *   stream: None, or the stream handle the plan is bound to (its constants belong to that stream)
@@ -847,9 +843,10 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
     if (PyList_GET_SIZE(outputs) > RJ_MAX_OUTS) { PyErr_SetString(PyExc_ValueError, "outputs: too many"); goto fail; }
     p->nouts = (int)PyList_GET_SIZE(outputs);
     for (int j = 0; j < p->nouts; j++) {
-        PyObject *shape, *dtype, *device;
+        PyObject *shape, *make;
         rj_out *o = &p->outs[j];
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(outputs, j), "O!OO", &PyTuple_Type, &shape, &dtype, &device)) goto fail;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(outputs, j), "O!O", &PyTuple_Type, &shape, &make)) goto fail;
+        if (!PyCallable_Check(make)) { PyErr_SetString(PyExc_TypeError, "output: make must be callable"); goto fail; }
         Py_ssize_t nd = PyTuple_GET_SIZE(shape);
         if (nd > RJ_MAX_DIMS) { PyErr_SetString(PyExc_ValueError, "output: too many dims"); goto fail; }
         for (Py_ssize_t d = 0; d < nd; d++) {
@@ -864,10 +861,8 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
             o->argv[d] = nd ? PyTuple_GET_ITEM(shape, d) : shape;
             Py_INCREF(o->argv[d]);
         }
-        o->argv[o->nargv] = dtype;
-        o->argv[o->nargv + 1] = device;
-        Py_INCREF(dtype);
-        Py_INCREF(device);
+        Py_INCREF(make);
+        o->make = make;
     }
     p->nconsts = (int)PyList_GET_SIZE(consts);
     p->consts = PyMem_Calloc(p->nconsts ? p->nconsts : 1, sizeof(PyObject *));
@@ -951,14 +946,11 @@ static PyObject *plans_clear_all(Plans *self, PyObject *unused) {
 
 static int plans_traverse(Plans *self, visitproc visit, void *arg) {
     Py_VISIT(self->fallback);
-    Py_VISIT(self->empty);
     return 0;
 }
 
 static int plans_gc_clear(Plans *self) {
     Py_CLEAR(self->fallback);
-    Py_CLEAR(self->empty);
-    Py_CLEAR(self->empty_kwnames);
     plans_clear_all(self, NULL);
     return 0;
 }

@@ -16,7 +16,8 @@ What the skeleton gives every op:
   launches it made, each launch argument named as an op argument, an output or a constant) into the op's
   native `Plans` (rocjit/launcher.c). A later call whose arguments match -- every tensor's dtype, shape, device,
   contiguity and 16-byte alignment, each forwarded scalar's type, each option's value -- is replayed in C: one
-  torch.empty per output (called from C with the recorded sizes, dtype and device) and the same native launchers. Anything else takes the
+  torch allocation per output (a prototype's new_empty, called from C with the recorded sizes) and the same native
+  launchers. Anything else takes the
   full path again, so every check and every error message stays where it is written. `roles` says, per
   parameter, what a call's key reads: ``T`` a tensor or None, ``S`` a float forwarded to the kernels as it is
   (its value is not part of the key), ``O`` an option compared by value.
@@ -176,7 +177,7 @@ def _activate(entry: Op) -> None:
     if mod is None or api is None or not hasattr(mod, "Plans"):
         return
     try:
-        entry.plans = mod.Plans(entry.roles, _python_path(entry), api, (tm.Tensor, tm.nn.Parameter), tm.empty)
+        entry.plans = mod.Plans(entry.roles, _python_path(entry), api, (tm.Tensor, tm.nn.Parameter))
     except ValueError:          # an exchange API without what plans need: the Python path does every call
         return
     holder.call = entry.plans
@@ -267,7 +268,7 @@ class Call:
             if not self.ok or (r is not None and ref[0] == "c"):
                 return result
             refs.append(tuple(ref) if ref is not None else None)
-        outputs = [(shape, t.dtype, t.device) for t, shape in self._outs]
+        outputs = [(shape, _maker(t.dtype, t.device)) for t, shape in self._outs]
         launches = [(fn, [tuple(r) if r is not None else None for r in refs_], sm)
                     for fn, refs_, sm, _ in self._launches]
         self.op.last_plan = [(k.name, sum(p.pointer for p in k.params), sum(not p.pointer for p in k.params))
@@ -281,6 +282,13 @@ class Call:
 
 
 UNRECORDED = Call(None)
+
+
+@functools.lru_cache(maxsize=None)
+def _maker(dtype, device):
+    """make(*sizes) -> a new torch tensor of this dtype on this device, for a plan's outputs: the new_empty of a
+    kept empty prototype (about 0.4 µs cheaper per call than torch.empty with dtype= and device= on an H100 host)"""
+    return sys.modules["torch"].empty(0, dtype=dtype, device=device).new_empty
 
 
 # ----------------------------------------------------------------------------- the registry's readers
