@@ -443,8 +443,9 @@ static PyTypeObject LauncherType = {
  * whose arguments match a plan's key allocates that plan's outputs with the framework's own allocation (each
  * output's `make`, e.g. a prototype tensor's new_empty, called with the output's sizes: real framework tensors, so
  * the caching allocator knows them and Tensor.record_stream works on them, which it silently did not on tensors
- * wrapped from DLPack) and calls the same launchers (the native Launcher objects, which check their own arguments again); any other call,
- * and any call that cannot be completed here, goes untouched to the op's Python path, which decides errors. */
+ * wrapped from DLPack) and calls the same launchers (the native Launcher objects, which check their own arguments
+ * again); any other call, and any call that cannot be completed here, goes untouched to the op's Python path,
+ * which decides errors. */
 #define RJ_MAX_OP_ARGS 16
 #define RJ_MAX_DIMS 8
 #define RJ_MAX_OUTS 8

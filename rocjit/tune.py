@@ -14,9 +14,9 @@ Where no tuned entry exists yet:
 
 Every candidate runs once before any is timed (a warm pass: compiling a kernel leaves the GPU idle and its clocks
 low, which would penalise whichever candidate is timed next). One timing of each candidate is noisy where configs
-are close (decode GEMMs: within 1-2% of each other, run to run noise about as large), so the candidates within CONFIRM_BAND of the first pass's fastest (CONFIRM_MAX at
-most) are timed CONFIRM_ROUNDS more times, in alternating order, and each is judged by the median of its
-timings. Among those within TIE of the fastest median the simplest wins (pick's `simpler`, e.g. one launch
+are close (decode GEMMs: within 1-2% of each other, run to run noise about as large), so the candidates within
+CONFIRM_BAND of the first pass's fastest (CONFIRM_MAX at most) are timed CONFIRM_ROUNDS more times, in alternating
+order, and each is judged by the median of its timings. Among those within TIE of the fastest median the simplest wins (pick's `simpler`, e.g. one launch
 rather than two: a split-K reduce kernel costs a launch boundary that a config timed back to back hides).
 """
 from __future__ import annotations
