@@ -112,6 +112,7 @@ def _record_all(monkeypatch, M, N, K, inter):
     monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): name)
     monkeypatch.setattr(G, "_stream_buffers", lambda device, tiles, ws: (torch.zeros(max(tiles, 16), dtype=torch.int32),
                                                                          torch.empty(ws)))
+    monkeypatch.setattr(G, "_stream_workspace", lambda device, floats: torch.empty(floats))
     rec = _Recorder()
     for adt, odt, ep, fmt, res, osc in _epilogue_cases():
         a = torch.zeros(M, K).to(adt)

@@ -259,7 +259,7 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
         return out
     # the fp32 partials go to the current stream's workspace (launches on one stream never overlap), so a
     # replayed split-K call allocates its output alone
-    partial = call.const(_stream_buffers(a.device, 0, splits * M * N)[1])
+    partial = call.const(_stream_workspace(a.device, splits * M * N))
     call.bind_stream()
     call.launch(k, grid, wk * wave, a, w, out, partial, residual, out_scale, scale_a, scale_w, modes, M, N, K,
                 kb_per_split, ldo)
@@ -297,16 +297,29 @@ def _persistent_zeros(n: int, dtype, device):
     return box[0]
 
 
+def _stream_workspace(device, floats: int):
+    """fp32 scratch of the current stream, kept from call to call (launches on one stream never use it at the same
+    time): the stream kernel's fix-up partials, the split-K kernels' partials. A graph being captured gets a
+    workspace of its own."""
+    import torch
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(floats, dtype=torch.float32, device=device)
+    state = _stream_state.setdefault((device.index, torch.cuda.current_stream(device).cuda_stream), [None, None])
+    if state[1] is None or state[1].numel() < floats:
+        state[1] = _persistent_zeros(max(floats, 2 * (state[1].numel() if state[1] is not None else 0)),
+                                     torch.float32, device)
+    return state[1]
+
+
 def _stream_buffers(device, tiles: int, ws_floats: int):
     """(tickets, workspace) of the stream kernel for the current stream, kept from call to call: per-tile tickets
     that the kernel resets after use (so they stay zero between launches and graph replays) and the fp32 partials
-    of its fix-up, which launches on one stream never use at the same time. A graph being captured takes tickets
-    zeroed beforehand (no memset captured into the graph), kept for good, and a workspace of its own."""
+    of its fix-up (_stream_workspace). A graph being captured takes tickets zeroed beforehand (no memset captured
+    into the graph), kept for good, and a workspace of its own."""
     import torch
     size = max(tiles, 4096)
-    capturing = torch.cuda.is_current_stream_capturing()
     spares = _spare_tickets.setdefault(device.index, [])
-    if capturing:
+    if torch.cuda.is_current_stream_capturing():
         fit = [b for b in spares if b.numel() >= size]
         if fit:
             spares.remove(fit[0])
@@ -314,17 +327,13 @@ def _stream_buffers(device, tiles: int, ws_floats: int):
             tickets = fit[0]
         else:
             tickets = torch.zeros(size, dtype=torch.int32, device=device)     # zeroed by the graph itself
-        return tickets, torch.empty(ws_floats, dtype=torch.float32, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    state = _stream_state.get(key)
-    if state is None or state[0].numel() < size:
-        state = [_persistent_zeros(size, torch.int32, device), torch.empty(0)]
+        return tickets, _stream_workspace(device, ws_floats)
+    state = _stream_state.setdefault((device.index, torch.cuda.current_stream(device).cuda_stream), [None, None])
+    if state[0] is None or state[0].numel() < size:
+        state[0] = _persistent_zeros(size, torch.int32, device)
         while len(spares) < 8:
             spares.append(_persistent_zeros(max(size, 16384), torch.int32, device))
-        _stream_state[key] = state
-    if state[1].numel() < ws_floats:
-        state[1] = _persistent_zeros(max(ws_floats, 2 * state[1].numel()), torch.float32, device)
-    return state[0], state[1]
+    return state[0], _stream_workspace(device, ws_floats)
 
 
 def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int, call=UNRECORDED, *,
