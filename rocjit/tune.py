@@ -16,8 +16,9 @@ Every candidate runs once before any is timed (a warm pass: compiling a kernel l
 low, which would penalise whichever candidate is timed next). One timing of each candidate is noisy where configs
 are close (decode GEMMs: within 1-2% of each other, run to run noise about as large), so the candidates within
 CONFIRM_BAND of the first pass's fastest (CONFIRM_MAX at most) are timed CONFIRM_ROUNDS more times, in alternating
-order, and each is judged by the median of its timings. Among those within TIE of the fastest median the simplest wins (pick's `simpler`, e.g. one launch
-rather than two: a split-K reduce kernel costs a launch boundary that a config timed back to back hides).
+order, and each is judged by the median of its timings. Among those within TIE of the fastest median the simplest
+wins (pick's `simpler`, e.g. one launch rather than two: a split-K reduce kernel costs a launch boundary that a
+config timed back to back hides).
 """
 from __future__ import annotations
 
@@ -252,7 +253,19 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
 
 def _tune(op, key, bucket, dtype, candidates, bench, progress, simpler=None) -> dict:
     """Time every candidate, confirm the close ones (see the module doc), persist the winner and return it."""
-    first, times, ready = [], {}, []
+    first, times = [], {}
+
+    def timed(i):
+        """Seconds of bench(candidates[i]), or None once its failure is recorded (a config that cannot run loses)."""
+        cfg = candidates[i]
+        try:
+            t = float(bench(cfg))
+        except Exception as e:
+            times[json.dumps(cfg, sort_keys=True)] = f"failed: {type(e).__name__}"
+            return None
+        times[json.dumps(cfg, sort_keys=True)] = t
+        return t
+
     it = candidates
     if progress:
         from tqdm.auto import tqdm
@@ -261,22 +274,11 @@ def _tune(op, key, bucket, dtype, candidates, bench, progress, simpler=None) -> 
     # and its clocks fall, so a candidate timed right after its own compile ran on a cold GPU. (H100, freshly built
     # kernels: gemm_fp8_blockwise tuned 4096 x 4096 x 7168 onto a tile 19% slower than the best; with the kernels
     # already built the same tuning picked the best.) Timed after every compile, all run at the same clocks.
-    for i, cfg in enumerate(it):
-        try:
-            bench(cfg)
-        except Exception as e:                               # a config that cannot run loses
-            times[json.dumps(cfg, sort_keys=True)] = f"failed: {type(e).__name__}"
-            continue
-        ready.append(i)
+    ready = [i for i, _ in enumerate(it) if timed(i) is not None]
     for i in ready:
-        cfg = candidates[i]
-        try:
-            t = float(bench(cfg))
-        except Exception as e:
-            times[json.dumps(cfg, sort_keys=True)] = f"failed: {type(e).__name__}"
-            continue
-        times[json.dumps(cfg, sort_keys=True)] = t
-        first.append((t, i))
+        t = timed(i)
+        if t is not None:
+            first.append((t, i))
     if not first:
         raise RuntimeError(f"rocjit.tune: every candidate of {op} {bucket} {dtype} failed: {times}")
     first.sort()

@@ -17,10 +17,9 @@ What the skeleton gives every op:
   native `Plans` (rocjit/launcher.c). A later call whose arguments match -- every tensor's dtype, shape, device,
   contiguity and 16-byte alignment, each forwarded scalar's type, each option's value -- is replayed in C: one
   torch allocation per output (a prototype's new_empty, called from C with the recorded sizes) and the same native
-  launchers. Anything else takes the
-  full path again, so every check and every error message stays where it is written. `roles` says, per
-  parameter, what a call's key reads: ``T`` a tensor or None, ``S`` a float forwarded to the kernels as it is
-  (its value is not part of the key), ``O`` an option compared by value.
+  launchers. Anything else takes the full path again, so every check and every error message stays where it is
+  written. `roles` says, per parameter, what a call's key reads: ``T`` a tensor or None, ``S`` a float forwarded
+  to the kernels as it is (its value is not part of the key), ``O`` an option compared by value.
 - **safety of the record.** A launch argument that is a tensor the record does not know (a copy, a view, a
   converted numpy array), an int that is not fixed by the key, or a call made while a CUDA graph is captured
   leaves no plan. A plan that holds per-stream state (`Call.bind_stream`) is replayed on that stream only.
