@@ -316,23 +316,24 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 #endif
 }
 
-// The same product fed by the Tensor Memory Accelerator (sm_90a): BM = 128 * SLABS rows x BN = 128 columns per
-// tile, 384 threads, persistent (block b takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the cluster takes
-// pairs of tiles side by side along N). Warp 0 is the copy warp: per K block it waits for the ring stage to be
-// free, has the TMA unit copy the A box (BM x 128 bytes) and the B box (128 x 128 bytes) into it, 128B-swizzled and
-// zero-filled past M, N and K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of
-// BM / CLUSTER and 128 rows) and arrives on the stage's `full` barrier, whose phase completes when the bytes
-// have landed (SB_ROWS: the warp also copies the stage's per-column B scales, each lane arriving once its copies
-// land). The math warps read the A scales of their rows from global memory themselves, one K block ahead of their
-// use, and the tile's B scales 32 K blocks per warp load. The copy warp runs on into the next tile while the math
-// warps store the last one. The copy warpgroup
-// gives its registers to the two math warpgroups (setmaxnreg), each of which owns SLABS m64 slabs of the
-// tile: per K block and slab, 4 wgmma m64n128k32 into fresh partials, then the promotion acc += partial * sa * sb.
-// A math warpgroup releases a stage on its own (one arrival per warp on `empty`), so the two never wait for each
-// other and one's promotion overlaps the other's wgmmas. PIPE (one slab): K block kb + 1's wgmmas are issued
-// before kb's partials are promoted. CLUSTER 2: each block copies half of the A tile into both blocks' rings (TMA
-// multicast), so a stage is free only once both blocks' math warps released it (they arrive on both `empty`
-// barriers). The accumulators go straight from registers to C (pairs of elements; C^T with TRANS_C).
+// The same product fed by the Tensor Memory Accelerator (sm_90a): BM = 128 * SLABS rows x BN = 128 columns per tile,
+// 384 threads, persistent (block b takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the cluster takes pairs of
+// tiles side by side along N). Warp 0 is the copy warp: per K block it waits for the ring stage to be free, has the
+// TMA unit copy the A box (BM x 128 bytes) and the B box (128 x 128 bytes) into it, 128B-swizzled and zero-filled
+// past M, N and K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of BM / CLUSTER and 128
+// rows) and arrives on the stage's `full` barrier, whose phase completes when the bytes have landed (SB_ROWS: with
+// the stage's per-column B scales, one bulk copy of their row of the K block, which the host lays out
+// column-contiguous: quantize_fp8_dual(transpose_col=True)'s layout, or a copy into it). The math warps read the A
+// scales of their rows from global memory themselves, one K block ahead of their use, and the tile's B scales 32 K
+// blocks per warp load. The copy warp runs on into the next tile while the math warps store the last one. The copy
+// warpgroup gives its registers to the two math warpgroups (setmaxnreg), each of which owns SLABS m64 slabs of the
+// tile: per K block and slab, 4 wgmma m64n128k32 into fresh partials, then the promotion acc += partial * sa * sb. A
+// math warpgroup releases a stage on its own (one arrival per warp on `empty`), so the two never wait for each other
+// and one's promotion overlaps the other's wgmmas. PIPE (one slab): K block kb + 1's wgmmas are issued before kb's
+// partials are promoted. CLUSTER 2: each block copies half of the A tile into both blocks' rings (TMA multicast), so
+// a stage is free only once both blocks' math warps released it (they arrive on both `empty` barriers). The
+// accumulators go straight from registers to C (pairs of elements; C^T with TRANS_C).
+
 namespace gemm8_sm90 {
 
 // A read-only global load issued exactly here: asm volatile keeps it in program order with the wgmma and
@@ -424,8 +425,6 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     constexpr bool kWide = SLABS == 2 || (PIPE && SB_ROWS);   // 2 slabs, or 2 partial sets + per-column B scales
     constexpr int kCopyRegs = kWide ? 40 : 56, kMathRegs = kWide ? 232 : 224;
     static_assert(SLABS == 1 || SLABS == 2, "SLABS: m64 slabs per math warpgroup, 1 or 2");
-    // per-column B scales (wgrad) need 32 more registers in the promotion: 2 slabs would spill past 232
-    static_assert(!(SB_ROWS && SLABS == 2), "per-row B scales run with one slab per math warpgroup");
     static_assert(!(PIPE && SLABS == 2), "two partial sets fit one slab per math warpgroup");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER: 1, or 2 blocks sharing the A tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -449,7 +448,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], SB_ROWS ? 32 : 1);
+            mbar_init(&full[s], 1);
             mbar_init(&empty[s], 8 * CLUSTER);
         }
         mbar_init_fence();
@@ -474,8 +473,14 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                 for (int kb = 0; kb < kblocks; ++kb, ++it) {
                     const int s = it % STAGES, round = it / STAGES;
                     if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+                    // SB_ROWS: the stage's B scales by one bulk copy, counted in its bytes: the columns n0 ..
+                    // n0 + BN - 1 of K block kb's row, cut at N rounded up to 4 floats (none for a cluster's second
+                    // tile past N). The host passes them column-contiguous (sb_n == 1), 16-byte aligned, sb_k a
+                    // multiple of 4, and each row readable up to that rounded N.
+                    const int n_end = (N + 3) & ~3;
+                    const unsigned sb_bytes = SB_ROWS && n0 < N ? (unsigned)min(BN, n_end - n0) * 4u : 0u;
                     if (lane == 0) {
-                        tma::expect_bytes(&full[s], (BM + BN) * kRow);
+                        tma::expect_bytes(&full[s], (BM + BN) * kRow + sb_bytes);
                         if constexpr (CLUSTER > 1) {
                             constexpr int kPart = BM / CLUSTER;
                             tma::load_2d_multicast(stage_a(s) + rank * kPart * kRow, &tma_a, kb * kRow,
@@ -484,19 +489,9 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                             tma::load_2d(stage_a(s), &tma_a, kb * kRow, m0, &full[s]);
                         }
                         tma::load_2d(stage_b(s), &tma_b, kb * kRow, n0, &full[s]);
+                        if (sb_bytes) tma::load_1d(stage_sb(s), sb + (long long)kb * sb_k + n0, sb_bytes, &full[s]);
                     }
-                    if constexpr (SB_ROWS) {        // per-column B scales through the ring (the A scales: below)
-                        float* ss = stage_sb(s);
-#pragma unroll
-                        for (int j = 0; j < BN / 32; ++j) {
-                            const int n = n0 + lane + 32 * j;
-                            mma8::copy4(ss + lane + 32 * j, n < N ? sb + (long long)n * sb_n + (long long)kb * sb_k : sb,
-                                        n < N);
-                        }
-                        cp_async_arrive(&full[s]);
-                    } else if (lane == 0) {
-                        mbar_arrive(&full[s]);
-                    }
+                    if (lane == 0) mbar_arrive(&full[s]);
                 }
             }
         }
@@ -708,6 +703,8 @@ __launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__half, 128, 256, 4, false, false, true, false, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 2, 4, false, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 2, 4, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 2, 4, false, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<float, 2, 4, false, true, true, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, true, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 1, 6, true, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, false, false, false, true>

@@ -99,7 +99,8 @@ __launch_bounds__(kBlock) __global__ void amax_kernel(float* partials, const T* 
 //   kTile:      q_row [rows, cols], s_row [ceil(rows/128), ceil(cols/128)] (kTileRows == 128)
 //   kTileCol:   with kTile, q_col receives the tile-quantized values too (with kColT: the weight's
 //               transposed copy, whose tile scales are s_row read transposed)
-// kColT stores q_col transposed, [cols, rows], and s_col as [cols, ceil(rows/128)]: the K-major operands
+// kColT stores q_col transposed, [cols, rows] (s_col keeps its layout; the host hands it out as the transposed view
+// [cols, ceil(rows/128)], whose contiguous columns a GEMM's copy unit takes in one bulk copy): the K-major operands
 // of the GEMMs that reduce over rows (wgrad, dgrad) come out of the same launch, staged through shared
 // memory so the transposed rows still leave as 16-byte stores.
 constexpr int kRowBlocks = 1, kColBlocks = 2, kTile = 4, kTileCol = 8;
@@ -166,8 +167,7 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
             const float m = col_partial[0][lane * kChunk + i];
             col_mul[i] = F::max / m;
             if (slot == 0 && col + i < cols) {
-                if (kColT) s_col[(long long)(col + i) * gridDim.y + blockIdx.y] = m / F::max;
-                else s_col[(long long)blockIdx.y * cols + col + i] = m / F::max;
+                s_col[(long long)blockIdx.y * cols + col + i] = m / F::max;
             }
         }
     }

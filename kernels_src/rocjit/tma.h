@@ -73,6 +73,18 @@ ROCJIT_INLINE void load_2d_multicast(void* dst, const tensor_map* m, int x, int 
 #endif
 }
 
+// `bytes` contiguous bytes (a multiple of 16; `dst` and `src` 16-byte aligned) from global memory into shared
+// memory, completing on `bar`'s transaction count: a bulk copy that needs no tensor map.
+ROCJIT_INLINE void load_1d(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+#if ROCJIT_HAS_TMA
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+#else
+    (void)dst; (void)src; (void)bytes; (void)bar;
+    unsupported_on_target();
+#endif
+}
+
 // The current phase of `bar` also waits for `bytes` more bytes of asynchronous copies (no arrival).
 ROCJIT_INLINE void expect_bytes(unsigned long long* bar, unsigned bytes) {
 #if ROCJIT_HAS_TMA

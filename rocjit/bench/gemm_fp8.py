@@ -2,8 +2,10 @@
 per layout (NT forward, NN dgrad, TN wgrad) vs cuBLASLt blockwise (torch.nn.functional.scaled_mm with
 ScalingType.BlockWise1x128 / BlockWise128x128; reported absent where this torch lacks it) and bf16 torch.matmul,
 in one run. TFLOP/s and % of the dense FP8 peak (tensorwise torch._scaled_mm at 8192^3, measured in the same run).
-cuBLASLt computes the blockwise product only with K-major operands, so its one timing is the peer of every layout
-of a shape (each of our layouts gets its operands K-major from the quantizers, as the FP8 Linear does).
+cuBLASLt computes the blockwise product only with K-major operands, so its timing is the peer of every layout of a
+shape (each of our layouts gets its operands K-major from the quantizers, as the FP8 Linear does); TN (wgrad) also
+has cuBLASLt's peer for its own recipe, 1 x 128 scales on both operands (cublaslt_blockwise_1x128_1x128), its
+operands quantized as FP8Linear's backward quantizes them.
 Plus the training-step row: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear vs
 bf16 torch.nn.Linear. Shapes <= 256 rows are timed as CUDA-graph replays, larger ones with events.
 On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT
@@ -79,29 +81,71 @@ def run(argv) -> dict:
         wt = w.t().contiguous().t()
         peers["torch_matmul_bf16"] = _time(lambda: torch.matmul(x, wt.t()), M, torch)
         layouts = {"NT": lambda: gemm_fp8_blockwise(xq, xs, wq, ws)}
+        tn_peer = None
         if M >= 128:    # the backward layouts of training shapes (decode has no backward)
             # dgrad NN: C[M, N] = G[M, K] . B[K, N], B = W^T as a view of K-major memory
             layouts["NN"] = lambda: gemm_fp8_blockwise(xq, xs, wq.t(), ws.t(), layout="NN")
-            # wgrad TN: C[M, N] = A[K, M]^T . B[K, N] with 1 x 128 scales along K on both sides
-            a_t = xq.t()
-            b_t = wq.t()
-            sb_rows = torch.rand(N, -(-K // 128), device="cuda") + 0.5
-            layouts["TN"] = lambda: gemm_fp8_blockwise(a_t, xs.t(), b_t, sb_rows.t(), layout="TN")
+            # wgrad TN: C[M, N] = A[K, M]^T . B[K, N], 1 x 128 scales along K (tokens) on both sides, the
+            # operands quantized as FP8Linear's backward does (quantize_fp8_dual(transpose_col=True))
+            tn = _wgrad_operands(M, N, K, torch, Q)
+            layouts["TN"] = lambda: gemm_fp8_blockwise(tn[0].t(), tn[1].t(), tn[2].t(), tn[3].t(), layout="TN")
+            tn_peer = _cublaslt_1x128_1x128(result, tn, layouts["TN"], M, N, K, torch)
         if M >= 128:
             layouts.update(_wgmma_rows(result, xq, xs, wq, ws, M, N, K, layouts["NT"], torch))
         for lay, fn in layouts.items():
             fn()
             us = _time(fn, M, torch)
-            row = H.add_row(result, f"gemm_fp8_blockwise_{lay}", (M, N, K), "e4m3-bf16", us, peers,
+            row_peers = dict(peers)
+            if lay == "TN" and tn_peer is not None:     # cuBLASLt with TN's own scale recipe
+                row_peers["cublaslt_blockwise_1x128_1x128"] = _time(tn_peer, M, torch)
+            row = H.add_row(result, f"gemm_fp8_blockwise_{lay}", (M, N, K), "e4m3-bf16", us, row_peers,
                             flops / (peak * 1e12) * 1e6 if peak else None, timing="graph" if M <= 256 else "events",
                             tflops=flops / us / 1e6,
-                            peers_tflops={p: flops / v / 1e6 for p, v in peers.items() if v},
+                            peers_tflops={p: flops / v / 1e6 for p, v in row_peers.items() if v},
                             pct_dense_peak=100 * flops / us / 1e6 / peak if peak else None)
             print(row, flush=True)
         torch.cuda.empty_cache()
 
     _training_step(result, quick, torch)
     return result
+
+
+def _wgrad_operands(M, N, K, torch, Q):
+    """wgrad's quantized operands from bf16 random data: (gq_t [M, K], gs_t [M, K/128], xq_t [N, K], xs_t [N, K/128]):
+    the transposed outputs of quantize_fp8_dual over the K = tokens rows of G [K, M] and X [K, N]."""
+    g = torch.randn(K, M, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    gq_t, gs_t = Q.quantize_fp8_dual(g, transpose_col=True)[2:]
+    xq_t, xs_t = Q.quantize_fp8_dual(x, transpose_col=True)[2:]
+    return gq_t, gs_t, xq_t, xs_t
+
+
+def _cublaslt_1x128_1x128(result, tn, ours, M, N, K, torch):
+    """cuBLASLt computing TN's product (1 x 128 scales on both operands, torch's BLOCK_1x128_1x128 recipe), or None
+    where this torch lacks it. The scale layout it takes is found by trying the candidates against our output."""
+    F = torch.nn.functional
+    if not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
+        return None
+    ST = F.ScalingType
+    gq_t, gs_t, xq_t, xs_t = tn
+    ref = ours().float()
+    tol = 2e-2 * ref.abs().max().item()
+    sa = gs_t.t().contiguous().t()                      # (M, K/128), strides (1, M), as for the forward recipe
+    tried = []
+    for sb in (xs_t, xs_t.t().contiguous().t(), xs_t.contiguous(), xs_t.t(), xs_t.t().contiguous()):
+        def run(sb=sb):
+            return F.scaled_mm(gq_t, xq_t.t(), sa, ST.BlockWise1x128, sb, ST.BlockWise1x128,
+                               output_dtype=torch.bfloat16)
+        try:
+            got = run().float()
+        except Exception as e:
+            tried.append(f"{tuple(sb.shape)}/{sb.stride()}: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        if ((got - ref).abs() <= tol).all():
+            return run
+        tried.append(f"{tuple(sb.shape)}/{sb.stride()}: disagrees")
+    result.setdefault("notes", []).append(f"cuBLASLt 1x128 x 1x128 at {M}x{N}x{K}: not timed ({'; '.join(tried)})"[:600])
+    return None
 
 
 def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):

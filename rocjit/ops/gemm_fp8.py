@@ -60,11 +60,6 @@ _TMA_TILES = ((256, 4, False, 2), (256, 4, False, 1), (128, 6, True, 2), (128, 6
               (128, 6, False, 1))
 
 
-def _tma_takes(bm: int, pipe: bool, sb_rows: bool) -> bool:
-    """Per-row B scales fit the TMA kernel's registers only with its 128-row tile."""
-    return not (sb_rows and bm > 128)
-
-
 def tma_enabled() -> bool:
     """Whether the op offers the TMA-fed wgmma kernel on sm_90a (ROCJIT_GEMM_FP8_TMA=0 leaves it out)."""
     return os.environ.get("ROCJIT_GEMM_FP8_TMA", "1") != "0"
@@ -98,16 +93,16 @@ def threads(cfg: dict, target: str) -> int:
     return cfg["wm"] * cfg["wn"] * targets.wave_size(target)
 
 
-def candidates(target: str, smem_limit: int, sm90: bool | None = None, sb_rows: bool = False) -> list[dict]:
+def candidates(target: str, smem_limit: int, sm90: bool | None = None) -> list[dict]:
     """Tile configs that fit `smem_limit`; on sm_90a the TMA kernel's and the wgmma kernel's first when `sm90`
-    (default: sm90_enabled()). `sb_rows` (per-row B scales): the TMA kernel's 128-row tile only."""
+    (default: sm90_enabled()). Every config takes either kind of B scales."""
     nvidia = target.startswith("sm_")
     out = []
     hopper = (sm90_enabled() if sm90 is None else sm90) and is_sm90a(target)
     if hopper and tma_enabled():
         for bm, stages, pipe, cluster in _TMA_TILES:
             cfg = {"kernel": "tma", "bm": bm, "bn": 128, "stages": stages, "pipe": pipe, "cluster": cluster}
-            if smem_bytes(cfg) <= smem_limit and _tma_takes(bm, pipe, sb_rows):
+            if smem_bytes(cfg) <= smem_limit:
                 out.append(cfg)
     if hopper:
         for bm, bn, stages, ws in _SM90_TILES:
@@ -272,8 +267,8 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     from rocjit.platform import cuda
     call.forget()           # tensor maps are encoded per address: no plan can replay this launch
     bm, cluster = cfg["bm"], cfg["cluster"]
-    if not _tma_takes(bm, cfg["pipe"], sb_rows):
-        raise ValueError(f"{NAME}: the TMA kernel's config {cfg} does not take per-row B scales")
+    if sb_rows:
+        sb = _column_contiguous(sb, N, K)
     ta = cuda.tensor_map_2d(a_km.data_ptr(), K, M, a_km.stride(0), BLOCK, bm // cluster)
     tb = cuda.tensor_map_2d(b_km.data_ptr(), K, N, b_km.stride(0), BLOCK, 128)
     kname = "gemm_fp8_blockwise_tma2_kernel" if cluster == 2 else "gemm_fp8_blockwise_tma_kernel"
@@ -286,6 +281,21 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     call.launch(kernel, grid, 384, ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2],
                 shared_mem=smem_bytes(cfg))
     return c
+
+
+def _column_contiguous(sb, N, K):
+    """Per-row B scales (tensor, stride of n, stride of k block) as the TMA kernel's bulk copies read them: each K
+    block's N scales contiguous, 16-byte aligned, rows a multiple of 4 floats apart, N a multiple of 4 (the copy
+    rounds its length up to 16 bytes); quantize_fp8_dual(transpose_col=True) hands wgrad's scales out so. Anything
+    else is copied into that layout, zero-padded (N x ceil(K/128) floats, small next to the product)."""
+    t, sn, sk = sb
+    if sn == 1 and sk % 4 == 0 and N % 4 == 0 and C.aligned(t):
+        return sb
+    tm = C.torch()
+    KB, N4 = C.ceil_div(K, BLOCK), -(-N // 4) * 4
+    buf = tm.zeros((KB, N4), dtype=tm.float32, device=t.device)
+    buf[:, :N].copy_(tm.as_strided(t, (KB, N), (sk, sn), t.storage_offset()))
+    return buf, 1, N4
 
 
 @functools.lru_cache(maxsize=1)
@@ -328,13 +338,13 @@ def config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target):
 
 def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     _, devname, sms = G._device(dev)
-    cands = candidates(target, _smem_limit(dev), sb_rows=sb_rows)
+    cands = candidates(target, _smem_limit(dev))
     default = default_config(M, N, sms, cands)
 
     def bench(cfg):
         return tune.time_gpu(lambda: _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c), warmup=2, reps=10)
 
-    # per-row B scales have candidates of their own (the TMA kernel's 256-row tile does not take them)
+    # per-row B scales (wgrad) are tuned apart: their promotion costs twice the multiplies, so the best tile differs
     dtype = f"{a_km.dtype}-{G.ctype(c.dtype)}{'-sb_rows' if sb_rows else ''}".replace("torch.", "")
     return tune.pick(NAME, bucket=tune_bucket(M, N, K), dtype=dtype, device=devname, src_hash=src_hash(),
                      candidates=cands, default=default, bench=bench, default_bucket=tune.bucket(m=M, n=N, k=K))

@@ -113,7 +113,8 @@ def _weight(call, w, fmt, transposed=False):
 
 def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_col=False):
     """kmode selects row blocks, column blocks or both (the benchmark's separate launches use one each);
-    transpose_col stores the column-block output transposed: q_col [K, M], s_col [K, ceil(M/128)]."""
+    transpose_col stores the column-block output transposed: q_col [K, M], and returns s_col as [K, ceil(M/128)],
+    a transposed view of its [ceil(M/128), K] memory (a view: the call records no eager plan)."""
     tm = C.torch()
     M, K = x.shape
     f8 = C.fp8_torch_dtype(fmt)
@@ -121,11 +122,10 @@ def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_co
     s_row = call.empty((M, C.ceil_div(K, BLOCK)), tm.float32, x.device) if kmode & _ROW_BLOCKS else None
     col = kmode & _COL_BLOCKS
     q_col = call.empty((K, M) if transpose_col else x.shape, f8, x.device) if col else None
-    s_col = call.empty((K, C.ceil_div(M, BLOCK)) if transpose_col else (C.ceil_div(M, BLOCK), K), tm.float32,
-                       x.device) if col else None
+    s_col = call.empty((C.ceil_div(M, BLOCK), K), tm.float32, x.device) if col else None
     if M and K:
         _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=transpose_col and bool(col))
-    return q_row, s_row, q_col, s_col
+    return q_row, s_row, q_col, (s_col.t() if transpose_col and col else s_col)
 
 
 def _quantize_op():
@@ -173,9 +173,9 @@ def _dual_op():
         M, K = x.shape
         f8 = C.fp8_torch_dtype(fmt)
         kt = (K, M) if transpose_col else (M, K)
-        st = (K, C.ceil_div(M, BLOCK)) if transpose_col else (C.ceil_div(M, BLOCK), K)
+        s_col = x.new_empty((C.ceil_div(M, BLOCK), K), dtype=tm.float32)
         return (x.new_empty(x.shape, dtype=f8), x.new_empty((M, C.ceil_div(K, BLOCK)), dtype=tm.float32),
-                x.new_empty(kt, dtype=f8), x.new_empty(st, dtype=tm.float32))
+                x.new_empty(kt, dtype=f8), s_col.t() if transpose_col else s_col)
 
     return impl, fake
 
@@ -236,7 +236,8 @@ def quantize_fp8_weight(call, w, *, block=BLOCK, fp8_format=None, transposed=Fal
 @op(roles="TOOO", sources=(_SRC,), bench="quant", custom_op=_dual_op)
 def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=False):
     """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read.
-    transpose_col=True stores the column-block output transposed, q_col [K, M] and s_col [K, ceil(M/128)]:
+    transpose_col=True stores the column-block output transposed, q_col [K, M] and s_col [K, ceil(M/128)] (a
+    transposed view, its K contiguous):
     the K-major operand (with its 1 x 128 scales along M) of a GEMM that reduces over M (wgrad)."""
     xt, fw, fmt = _prepare("quantize_fp8_dual", x, fp8_format, block, two_d=True)
     transpose_col = bool(transpose_col)

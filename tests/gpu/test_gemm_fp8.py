@@ -122,13 +122,43 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
     xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M * 7 + K)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     sa, sb = G._strided(xs), G._strided(ws)
-    wg = [c for c in G.candidates(target, G._smem_limit(0), sm90=True, sb_rows=sb_rows) if c.get("kernel")]
+    wg = [c for c in G.candidates(target, G._smem_limit(0), sm90=True) if c.get("kernel")]
     assert len([c for c in wg if c["kernel"] == "sm90"]) >= 3
-    assert len([c for c in wg if c["kernel"] == "tma"]) == len([t for t in G._TMA_TILES if not sb_rows or t[0] == 128])
+    assert len([c for c in wg if c["kernel"] == "tma"]) == len(G._TMA_TILES)
     for cfg in wg:
         out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=od)
         G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c)
         _close(out, ref.t() if trans_c else ref, torch.bfloat16 if od == torch.float16 else od)
+
+
+def _kb_major(s, offset=0):
+    """s [R, KB]'s values in memory laid out [KB, R] (R contiguous), starting `offset` floats into a buffer."""
+    buf = torch.full((s.numel() + offset,), float("nan"), device=s.device, dtype=s.dtype)
+    v = buf[offset:].view(s.shape[1], s.shape[0])
+    v.copy_(s.t())
+    return v.t()
+
+
+# per-row B scales with contiguous columns (quantize_fp8_dual(transpose_col=True)'s layout) reach the TMA kernel's
+# ring by one bulk copy per stage; N % 4 != 0 or a base not 16-byte aligned takes the per-lane copies instead.
+# N tails, a cluster's second tile past N (N = 300 with 256-column pairs), several tiles per block.
+@pytest.mark.parametrize("M, N, K, offset, trans_c", [(77, 300, 208, 0, False), (130, 520, 1024, 0, True),
+                                                      (2100, 1900, 384, 0, False), (77, 302, 208, 0, False),
+                                                      (200, 264, 256, 1, True)])
+def test_tma_kernel_column_contiguous_row_scales(M, N, K, offset, trans_c):
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    xq, xs, wq, ws, ref = _operands(M, N, K, True, seed=N + K)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    sa, sb = G._strided(xs), G._strided(_kb_major(ws, offset))
+    assert sb[1:] == (1, N)
+    tma = [c for c in G.candidates(target, G._smem_limit(0), sm90=True) if c.get("kernel") == "tma"]
+    assert tma
+    for cfg in tma:
+        out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, True, trans_c)
+        _close(out, ref.t() if trans_c else ref, torch.bfloat16)
 
 
 def test_wgmma_kernel_is_the_default_for_prefill_shapes(monkeypatch):
@@ -167,6 +197,7 @@ def test_quantizer_transposed_outputs_match(M, K):
     assert q_colT.shape == (K, M) and s_colT.shape == (K, -(-M // 128))
     assert torch.equal(q_colT.view(torch.uint8), q_col.view(torch.uint8).t())
     assert torch.equal(s_colT, s_col.t())
+    assert s_colT.stride() == (1, K)           # its columns contiguous: the wgrad GEMM's bulk-copied B scales
     q, s = ops.quantize_fp8_weight(x)
     q2, s2, q_t = ops.quantize_fp8_weight(x, transposed=True)
     assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
