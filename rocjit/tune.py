@@ -13,7 +13,10 @@ Where no tuned entry exists yet:
 - otherwise every candidate is timed (a tqdm bar shows progress) and the fastest is persisted.
 
 Every candidate runs once before any is timed (a warm pass: compiling a kernel leaves the GPU idle and its clocks
-low, which would penalise whichever candidate is timed next). One timing of each candidate is noisy where configs
+low, which would penalise whichever candidate is timed next). One run each is too little load for the clocks to
+come back where the runs are short next to the compiles before them: pick's `heat_s` adds that many seconds of
+untimed runs (H100, freshly built kernels: gemm_fp8_blockwise tuned 4096 x 7168 x 2048 onto a 128-row tile at 803
+TFLOP/s while its first candidate, a 256-row tile timed first, ran alone at 1083). One timing of each candidate is noisy where configs
 are close (decode GEMMs: within 1-2% of each other, run to run noise about as large), so the candidates within
 CONFIRM_BAND of the first pass's fastest (CONFIRM_MAX at most) are timed CONFIRM_ROUNDS more times, in alternating
 order, and each is judged by the median of its timings. Among those within TIE of the fastest median the simplest
@@ -217,10 +220,12 @@ def default_config(op: str, bucket_: str, dtype: str, device: str, candidates: S
 
 def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candidates: Sequence[dict],
          default: dict, bench: Callable[[dict], float], progress: bool = True,
-         simpler: Callable[[dict], float] | None = None, default_bucket: str | None = None) -> dict:
+         simpler: Callable[[dict], float] | None = None, default_bucket: str | None = None,
+         heat_s: float = 0.0) -> dict:
     """The config to run `op` with. `bench(cfg)` returns seconds (lower wins; raise to reject a config);
     `simpler(cfg)` ranks configs whose timings tie (lower is simpler; default: the earlier candidate);
-    `default_bucket` keys the shipped default where it differs from the tuning key's `bucket`.
+    `default_bucket` keys the shipped default where it differs from the tuning key's `bucket`; `heat_s`: seconds
+    of untimed bench calls between the warm pass and the timing (see the module doc).
 
     Looks in this process's memory, then the tuning file; tunes and persists on a miss, except when
     autotuning is off or a graph is being captured (then the shipped / built-in default is used)."""
@@ -245,13 +250,13 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
         if isinstance(rec, dict) and _valid(rec.get("config"), candidates):
             best = dict(rec["config"])
         else:
-            best = _tune(op, key, bucket, dtype, candidates, bench, progress, simpler)
+            best = _tune(op, key, bucket, dtype, candidates, bench, progress, simpler, heat_s)
     with _lock:
         _memory[key] = dict(best)
     return dict(best)
 
 
-def _tune(op, key, bucket, dtype, candidates, bench, progress, simpler=None) -> dict:
+def _tune(op, key, bucket, dtype, candidates, bench, progress, simpler=None, heat_s=0.0) -> dict:
     """Time every candidate, confirm the close ones (see the module doc), persist the winner and return it."""
     first, times = [], {}
 
@@ -275,6 +280,13 @@ def _tune(op, key, bucket, dtype, candidates, bench, progress, simpler=None) -> 
     # kernels: gemm_fp8_blockwise tuned 4096 x 4096 x 7168 onto a tile 19% slower than the best; with the kernels
     # already built the same tuning picked the best.) Timed after every compile, all run at the same clocks.
     ready = [i for i, _ in enumerate(it) if timed(i) is not None]
+    end, k = time.perf_counter() + heat_s, 0
+    while ready and time.perf_counter() < end:         # heat: the ready candidates in turn, untimed
+        try:
+            bench(candidates[ready[k % len(ready)]])
+        except Exception:
+            pass                                        # judged by its timing below
+        k += 1
     for i in ready:
         t = timed(i)
         if t is not None:

@@ -347,9 +347,11 @@ def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     # per-row B scales (wgrad) are tuned apart: their promotion costs twice the multiplies, so the best tile differs
     dtype = f"{a_km.dtype}-{G.ctype(c.dtype)}{'-sb_rows' if sb_rows else ''}".replace("torch.", "")
     return tune.pick(NAME, bucket=tune_bucket(M, N, K), dtype=dtype, device=devname, src_hash=src_hash(),
-                     candidates=cands, default=default, bench=bench, default_bucket=tune.bucket(m=M, n=N, k=K))
+                     candidates=cands, default=default, bench=bench, default_bucket=tune.bucket(m=M, n=N, k=K),
+                     heat_s=HEAT_S)
 
 
+HEAT_S = 0.3      # seconds of untimed runs before the tuner times (tune.pick's heat_s): the compiles idled the GPU
 EXACT_TUNE_FLOP = 1 << 34      # 2 M N K from here up: tuned for the exact shape
 
 
