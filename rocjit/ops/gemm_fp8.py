@@ -271,16 +271,21 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
         sb = _column_contiguous(sb, N, K)
     ta = cuda.tensor_map_2d(a_km.data_ptr(), K, M, a_km.stride(0), BLOCK, bm // cluster)
     tb = cuda.tensor_map_2d(b_km.data_ptr(), K, N, b_km.stride(0), BLOCK, 128)
+    launcher = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
+    launcher(ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem_bytes(cfg))
+    return c
+
+
+def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
+    """The TMA kernel's configured launcher (kernel[grid, 384]) for a config and product."""
+    bm, cluster = cfg["bm"], cfg["cluster"]
     kname = "gemm_fp8_blockwise_tma2_kernel" if cluster == 2 else "gemm_fp8_blockwise_tma_kernel"
-    name = (f"{kname}<{G.ctype(c.dtype)}, {bm // 128}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, {C.cbool(sb_rows)}, "
+    name = (f"{kname}<{G.ctype(od)}, {bm // 128}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, {C.cbool(sb_rows)}, "
             f"{C.cbool(trans_c)}, {C.cbool(vec_out)}>")
-    kernel = C.module(SRC_SM90)[name]
     # persistent: at most one block per multiprocessor (pairs of them with clusters), each walking its tiles
     units = C.ceil_div(M, bm) * C.ceil_div(N, 128 * cluster)
-    grid = min(units, G._device(c.device.index or 0)[2] // cluster) * cluster
-    call.launch(kernel, grid, 384, ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2],
-                shared_mem=smem_bytes(cfg))
-    return c
+    grid = min(units, G._device(dev)[2] // cluster) * cluster
+    return C.module(SRC_SM90)[name][grid, 384]
 
 
 def _column_contiguous(sb, N, K):
@@ -365,7 +370,45 @@ def tune_bucket(M: int, N: int, K: int) -> str:
     return tune.bucket(m=M, n=N, k=K)
 
 
+# ----------------------------------------------------------------------------- repeated calls
+# The TMA kernel's launches record no eager plan (its tensor maps are encoded per address), so every call took the
+# whole Python path: about 130 us of host time per call on an H100 host, more than the kernel's 112 us at
+# 4096 x 7168 x 2048 (the op ran at 135 us there where its kernel alone ran at 112). A call that the full path
+# launched on the TMA kernel with the operands and scales in place (no K-major copy, no scale copy) and a new output
+# leaves its launch here, keyed by everything its checks and choices read: the layout and output dtype, each
+# tensor's dtype, device, shape and strides, the operands' and scales' 16-byte alignment, the tuner's generation and
+# the kernel switches. A repeated call with the same key encodes the tensor maps (cached per address) and launches;
+# anything else takes the full path and its checks.
+_FAST: dict = {}
+
+
+def _fast_key(a, a_scale, b, b_scale, layout, out_dtype, trans_c):
+    return (layout, out_dtype, trans_c, a.dtype, a.device, a.shape, a.stride(), b.dtype, b.device, b.shape, b.stride(),
+            a_scale.dtype, a_scale.device, a_scale.shape, a_scale.stride(), b_scale.dtype, b_scale.device,
+            b_scale.shape, b_scale.stride(), a.data_ptr() & 15, b.data_ptr() & 15, a_scale.data_ptr() & 15,
+            b_scale.data_ptr() & 15, tune.generation, tune.enabled(), os.environ.get("ROCJIT_GEMM_FP8_TMA"), os.environ.get("ROCJIT_GEMM_FP8_SM90"))
+
+
+def _fast_run(entry, a, a_scale, b, b_scale):
+    from rocjit.platform import cuda
+    launcher, od, shape, M, N, K, lda, ldb, box_a, sa_t, sa_strides, sb_t, sb_strides, smem = entry
+    c = C.torch().empty(shape, dtype=od, device=a.device)
+    ta = cuda.tensor_map_2d(a.data_ptr(), K, M, lda, BLOCK, box_a)
+    tb = cuda.tensor_map_2d(b.data_ptr(), K, N, ldb, BLOCK, 128)
+    # the scales go in as the contiguous tensors holding them (a scale given transposed: its .t())
+    launcher(ta, tb, c, a_scale.t() if sa_t else a_scale, b_scale.t() if sb_t else b_scale, M, N, K, c.stride(0),
+             *sa_strides, *sb_strides, shared_mem=smem)
+    return c
+
+
 def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
+    key = None
+    if out is None and type(a) is type(b) is type(a_scale) is type(b_scale) is C.torch().Tensor and a.is_cuda:
+        key = _fast_key(a, a_scale, b, b_scale, layout, out_dtype, bool(trans_c))
+        entry = _FAST.get(key)
+        if entry is not None:
+            call.forget()
+            return _fast_run(entry, a, a_scale, b, b_scale)
     M, N, K, sb_rows, od, shape = _check(a, a_scale, b, b_scale, layout, out_dtype, out, trans_c)
     target = _device_check(a)
     if out is None:
@@ -391,7 +434,17 @@ def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
     else:
         a_km_arg = a_km
     b_km_arg = b if own_b and layout[1] == "T" else b_km
-    return _launch(cfg, out, a_km_arg, b_km_arg, sa, sb, M, N, K, sb_rows, bool(trans_c), call)
+    y = _launch(cfg, out, a_km_arg, b_km_arg, sa, sb, M, N, K, sb_rows, bool(trans_c), call)
+    if key is not None and cfg.get("kernel") == "tma" and own_a and own_b and sa[0].data_ptr() == a_scale.data_ptr() \
+            and sb[0].data_ptr() == b_scale.data_ptr() and (not sb_rows or _column_contiguous(sb, N, K) is sb) \
+            and not tune.capturing():                   # (under capture the config may be a default)
+        vec_out = (M if trans_c else N) % 8 == 0         # new outputs are aligned
+        if len(_FAST) >= 1024:
+            _FAST.clear()
+        _FAST[key] = (_tma_kernel(cfg, out.dtype, sb_rows, bool(trans_c), vec_out, M, N, out.device.index or 0), od,
+                      shape, M, N, K, a_km.stride(0), b_km.stride(0), cfg["bm"] // cfg["cluster"],
+                      not a_scale.is_contiguous(), sa[1:], not b_scale.is_contiguous(), sb[1:], smem_bytes(cfg))
+    return y
 
 
 def _custom_op():

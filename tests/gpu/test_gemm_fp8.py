@@ -161,6 +161,42 @@ def test_tma_kernel_column_contiguous_row_scales(M, N, K, offset, trans_c):
         _close(out, ref.t() if trans_c else ref, torch.bfloat16)
 
 
+@pytest.mark.parametrize("layout", ["NT", "TN"])
+def test_repeated_calls_take_the_fast_path_and_stay_exact(layout):
+    """The TMA kernel's repeated calls skip the Python checks (G._FAST); new data, new addresses and a scale given
+    in another layout still give the exact product, and a misaligned operand takes the full path."""
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    M, N, K = 384, 520, 1024
+
+    def case(seed):
+        xq, xs, wq, ws, ref = _operands(M, N, K, layout == "TN", seed=seed)
+        if layout == "NT":
+            return (xq, xs, wq, ws), ref
+        # wgrad's layouts: K-major operands given as [K, M] / [K, N] views, column-contiguous B scales
+        return (xq.t(), xs.t(), wq.t(), _kb_major(ws).t()), ref
+
+    G._FAST.clear()
+    args, ref = case(1)
+    _close(ops.gemm_fp8_blockwise(*args, layout=layout), ref, torch.bfloat16)
+    assert len(G._FAST) == 1
+    for seed in (2, 3):                         # the same key with new tensors: fast path, new data read
+        args, ref = case(seed)
+        _close(ops.gemm_fp8_blockwise(*args, layout=layout), ref, torch.bfloat16)
+        assert len(G._FAST) == 1
+    a, sa, b, sb = args
+    if layout == "NT":                          # a scale given as a transposed view: a new key, the same product
+        _close(ops.gemm_fp8_blockwise(a, sa.t().contiguous().t(), b, sb, layout=layout), ref, torch.bfloat16)
+    # a operand 16 bytes off its allocation's start is still aligned; one byte off is not (the copying path)
+    buf = torch.empty(a.numel() + 1, dtype=torch.uint8, device="cuda")
+    shifted = buf[1:].view(a.dtype).view(a.shape) if layout == "NT" else buf[1:].view(a.dtype).view(a.shape[::-1]).t()
+    shifted.copy_(a)
+    _close(ops.gemm_fp8_blockwise(shifted, sa, b, sb, layout=layout), ref, torch.bfloat16)
+    with pytest.raises(ValueError, match="K differ"):   # a changed shape: the full path and its named error
+        ops.gemm_fp8_blockwise(a, sa, b[:, :-16] if layout == "NT" else b[:-16], sb, layout=layout)
+
+
 def test_wgmma_kernel_is_the_default_for_prefill_shapes(monkeypatch):
     target = _gemm._device(0)[0]
     if not G.is_sm90a(target):
