@@ -13,10 +13,10 @@ Where no tuned entry exists yet:
 - otherwise every candidate is timed (a tqdm bar shows progress) and the fastest is persisted.
 
 Every candidate runs once before any is timed (a warm pass: compiling a kernel leaves the GPU idle and its clocks
-low, which would penalise whichever candidate is timed next). One run each is too little load for the clocks to
-come back where the runs are short next to the compiles before them: pick's `heat_s` adds that many seconds of
-untimed runs (H100, freshly built kernels: gemm_fp8_blockwise tuned 4096 x 7168 x 2048 onto a 128-row tile at 803
-TFLOP/s while its first candidate, a 256-row tile timed first, ran alone at 1083). One timing of each candidate is noisy where configs
+low, which would penalise whichever candidate is timed next). Where each run is short next to the compiles before
+it, one run each is little load for the clocks to come back: pick's `heat_s` adds that many seconds of untimed runs,
+the candidates in turn, before the first timing (gemm_fp8_blockwise asks 0.3 s; its first candidates are its best
+tiles, which the cold start would hit first). One timing of each candidate is noisy where configs
 are close (decode GEMMs: within 1-2% of each other, run to run noise about as large), so the candidates within
 CONFIRM_BAND of the first pass's fastest (CONFIRM_MAX at most) are timed CONFIRM_ROUNDS more times, in alternating
 order, and each is judged by the median of its timings. Among those within TIE of the fastest median the simplest
