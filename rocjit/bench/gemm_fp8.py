@@ -144,7 +144,8 @@ def _cublaslt_1x128_1x128(result, tn, ours, M, N, K, torch):
         if ((got - ref).abs() <= tol).all():
             return run
         tried.append(f"{tuple(sb.shape)}/{sb.stride()}: disagrees")
-    result.setdefault("notes", []).append(f"cuBLASLt 1x128 x 1x128 at {M}x{N}x{K}: not timed ({'; '.join(tried)})"[:600])
+    note = f"cuBLASLt 1x128 x 1x128 at {M}x{N}x{K}: not timed ({'; '.join(tried)})"
+    result.setdefault("notes", []).append(note[:600])
     return None
 
 

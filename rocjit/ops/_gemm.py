@@ -297,6 +297,12 @@ def _persistent_zeros(n: int, dtype, device):
     return box[0]
 
 
+def _stream_slot(device) -> list:
+    """[tickets, workspace] kept for the current stream of `device` (entries None until first needed)."""
+    import torch
+    return _stream_state.setdefault((device.index, torch.cuda.current_stream(device).cuda_stream), [None, None])
+
+
 def _stream_workspace(device, floats: int):
     """fp32 scratch of the current stream, kept from call to call (launches on one stream never use it at the same
     time): the stream kernel's fix-up partials, the split-K kernels' partials. A graph being captured gets a
@@ -304,7 +310,7 @@ def _stream_workspace(device, floats: int):
     import torch
     if torch.cuda.is_current_stream_capturing():
         return torch.empty(floats, dtype=torch.float32, device=device)
-    state = _stream_state.setdefault((device.index, torch.cuda.current_stream(device).cuda_stream), [None, None])
+    state = _stream_slot(device)
     if state[1] is None or state[1].numel() < floats:
         state[1] = _persistent_zeros(max(floats, 2 * (state[1].numel() if state[1] is not None else 0)),
                                      torch.float32, device)
@@ -328,7 +334,7 @@ def _stream_buffers(device, tiles: int, ws_floats: int):
         else:
             tickets = torch.zeros(size, dtype=torch.int32, device=device)     # zeroed by the graph itself
         return tickets, _stream_workspace(device, ws_floats)
-    state = _stream_state.setdefault((device.index, torch.cuda.current_stream(device).cuda_stream), [None, None])
+    state = _stream_slot(device)
     if state[0] is None or state[0].numel() < size:
         state[0] = _persistent_zeros(size, torch.int32, device)
         while len(spares) < 8:

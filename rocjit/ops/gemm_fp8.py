@@ -377,16 +377,20 @@ def tune_bucket(M: int, N: int, K: int) -> str:
 # launched on the TMA kernel with the operands and scales in place (no K-major copy, no scale copy) and a new output
 # leaves its launch here, keyed by everything its checks and choices read: the layout and output dtype, each
 # tensor's dtype, device, shape and strides, the operands' and scales' 16-byte alignment, the tuner's generation and
-# the kernel switches. A repeated call with the same key encodes the tensor maps (cached per address) and launches;
-# anything else takes the full path and its checks.
+# the kernel switches. A repeated call with the same key encodes the tensor maps (cuda.tensor_map_2d keeps them per
+# address) and launches; anything else takes the full path and its checks. (The native plans cannot hold this launch:
+# they pass tensors as pointers, and a tensor map is 128 bytes derived from one.)
 _FAST: dict = {}
 
 
 def _fast_key(a, a_scale, b, b_scale, layout, out_dtype, trans_c):
-    return (layout, out_dtype, trans_c, a.dtype, a.device, a.shape, a.stride(), b.dtype, b.device, b.shape, b.stride(),
-            a_scale.dtype, a_scale.device, a_scale.shape, a_scale.stride(), b_scale.dtype, b_scale.device,
-            b_scale.shape, b_scale.stride(), a.data_ptr() & 15, b.data_ptr() & 15, a_scale.data_ptr() & 15,
-            b_scale.data_ptr() & 15, tune.generation, tune.enabled(), os.environ.get("ROCJIT_GEMM_FP8_TMA"), os.environ.get("ROCJIT_GEMM_FP8_SM90"))
+    return (layout, out_dtype, trans_c,
+            a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 15,
+            b.dtype, b.device, b.shape, b.stride(), b.data_ptr() & 15,
+            a_scale.dtype, a_scale.device, a_scale.shape, a_scale.stride(), a_scale.data_ptr() & 15,
+            b_scale.dtype, b_scale.device, b_scale.shape, b_scale.stride(), b_scale.data_ptr() & 15,
+            tune.generation, tune.enabled(),
+            os.environ.get("ROCJIT_GEMM_FP8_TMA"), os.environ.get("ROCJIT_GEMM_FP8_SM90"))
 
 
 def _fast_run(entry, a, a_scale, b, b_scale):

@@ -236,9 +236,9 @@ def quantize_fp8_weight(call, w, *, block=BLOCK, fp8_format=None, transposed=Fal
 @op(roles="TOOO", sources=(_SRC,), bench="quant", custom_op=_dual_op)
 def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=False):
     """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read.
-    transpose_col=True stores the column-block output transposed, q_col [K, M] and s_col [K, ceil(M/128)] (a
-    transposed view, its K contiguous):
-    the K-major operand (with its 1 x 128 scales along M) of a GEMM that reduces over M (wgrad)."""
+    transpose_col=True stores the column-block output transposed, q_col [K, M], and returns s_col [K, ceil(M/128)]
+    as a transposed view (strides (1, K)): the K-major operand, with its 1 x 128 scales along M, of a GEMM that
+    reduces over M (wgrad), whose per-row scales it reads one contiguous block row at a time."""
     xt, fw, fmt = _prepare("quantize_fp8_dual", x, fp8_format, block, two_d=True)
     transpose_col = bool(transpose_col)
     if C.compiling():

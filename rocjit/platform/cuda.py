@@ -293,13 +293,11 @@ def _tensor_map_encoder():
 
 
 @functools.lru_cache(maxsize=4096)
-@functools.lru_cache(maxsize=512)
 def tensor_map_2d(address: int, inner: int, rows: int, row_stride: int, box_inner: int, box_rows: int) -> bytes:
     """The CUtensorMap (128 bytes, for a kernel's by-value tensor-map parameter) of a byte matrix at `address`:
     `rows` rows of `inner` bytes, `row_stride` bytes apart (a multiple of 16; address 16-byte aligned), copied in
     boxes of box_rows x box_inner bytes, 128B-swizzled, zeros read outside the matrix. A map only describes
-    memory, so one encoded for an address serves every later tensor with the same address and shape: the last 512
-    are kept."""
+    memory, so one encoded for an address serves every later tensor with the same address and shape."""
     fn, P = _tensor_map_encoder(), ctypes.c_void_p
     buf = ctypes.create_string_buffer(128 + 64)                  # CUtensorMap is 64-byte aligned
     at = (ctypes.addressof(buf) + 63) & ~63
