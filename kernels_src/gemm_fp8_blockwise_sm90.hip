@@ -323,9 +323,9 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 // past M, N and K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of BM / CLUSTER and 128
 // rows) and arrives on the stage's `full` barrier, whose phase completes when the bytes have landed (SB_ROWS: with
 // the stage's per-column B scales, one bulk copy of their row of the K block, which the host lays out
-// column-contiguous: quantize_fp8_dual(transpose_col=True)'s layout, or a copy into it). The math warps read the A
-// scales of their rows from global memory themselves, one K block ahead of their use, and the tile's B scales 32 K
-// blocks per warp load. The copy warp runs on into the next tile while the math warps store the last one. The copy
+// column-contiguous: quantize_fp8_dual(transpose_col=True)'s layout, or a copy into it), and the stage's A scales,
+// one bulk copy of the tile's rows from M-major scales (quantize_fp8_dual's s_row layout, or a copy into it). The math
+// warps read their rows' A scales from the stage and the tile's B scales 32 K blocks per warp load. The copy warp runs on into the next tile while the math warps store the last one. The copy
 // warpgroup gives its registers to the two math warpgroups (setmaxnreg), each of which owns SLABS m64 slabs of the
 // tile: per K block and slab, 4 wgmma m64n128k32 into fresh partials, then the promotion acc += partial * sa * sb. A
 // math warpgroup releases a stage on its own (one arrival per warp on `empty`), so the two never wait for each other
@@ -420,6 +420,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
 #if ROCJIT_HAS_WGMMA
     constexpr int BM = 128 * SLABS, BN = 128;
     using L = layout<BM, BN, STAGES>;
+    (void)sa_m;                                 // the A scales are M-major: sa_m == 1 (the host sees to it)
     // registers per thread after setmaxnreg (128 x copy + 256 x math <= 64K): two slabs, or two partial sets with
     // per-column B scales, need 232 in the math warps (224 spilled there)
     constexpr bool kWide = SLABS == 2 || (PIPE && SB_ROWS);   // 2 slabs, or 2 partial sets + per-column B scales
@@ -434,6 +435,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     unsigned long long* empty = full + STAGES;
     auto stage_a = [&](int s) { return smem + s * L::kTileBytes; };
     auto stage_b = [&](int s) { return smem + s * L::kTileBytes + BM * kRow; };
+    auto stage_sa = [&](int s) { return scales + s * (BM + BN); };
     auto stage_sb = [&](int s) { return scales + s * (BM + BN) + BM; };
 
     const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
@@ -479,8 +481,12 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                     // multiple of 4, and each row readable up to that rounded N.
                     const int n_end = (N + 3) & ~3;
                     const unsigned sb_bytes = SB_ROWS && n0 < N ? (unsigned)min(BN, n_end - n0) * 4u : 0u;
+                    // the A scales of the tile's rows for K block kb, one bulk copy of their row of the M-major
+                    // scales (sa_m == 1, sa_k a multiple of 4, 16-byte aligned, rows readable up to M rounded up
+                    // to 4: quantize_fp8_dual's layout, or the host's copy into it)
+                    const unsigned sa_bytes = (unsigned)min(BM, ((M + 3) & ~3) - m0) * 4u;
                     if (lane == 0) {
-                        tma::expect_bytes(&full[s], (BM + BN) * kRow + sb_bytes);
+                        tma::expect_bytes(&full[s], (BM + BN) * kRow + sa_bytes + sb_bytes);
                         if constexpr (CLUSTER > 1) {
                             constexpr int kPart = BM / CLUSTER;
                             tma::load_2d_multicast(stage_a(s) + rank * kPart * kRow, &tma_a, kb * kRow,
@@ -489,6 +495,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                             tma::load_2d(stage_a(s), &tma_a, kb * kRow, m0, &full[s]);
                         }
                         tma::load_2d(stage_b(s), &tma_b, kb * kRow, n0, &full[s]);
+                        tma::load_1d(stage_sa(s), sa + (long long)kb * sa_k + m0, sa_bytes, &full[s]);
                         if (sb_bytes) tma::load_1d(stage_sb(s), sb + (long long)kb * sb_k + n0, sb_bytes, &full[s]);
                     }
                     if (lane == 0) mbar_arrive(&full[s]);
@@ -523,22 +530,10 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                                       wgmma::desc_advance(db, ks * wgmma::kStepK), 1);
             wgmma::commit();
         };
-        // the A scales of this thread's rows (and the tile's B scale) straight from global memory, one K block
-        // ahead of their use: the copy warp only issues the TMA copies
-        const float* rows_sa[SLABS][2];
-        const float* tile_sb = sb;
-        struct scale_set { float a[SLABS][2]; };
-        scale_set cur_s{}, nxt_s{};
-        auto fetch_into = [&](scale_set& d, int kb) {
-#pragma unroll
-            for (int j = 0; j < SLABS; ++j) {
-                d.a[j][0] = ld_scale(rows_sa[j][0] + (long long)kb * sa_k);
-                d.a[j][1] = ld_scale(rows_sa[j][1] + (long long)kb * sa_k);
-            }
-        };
         // the tile's B scales 32 K blocks at a time, one per lane (lane l: K block 32 g + l), read with a shuffle:
         // a per-lane address keeps the compiler from moving the value into a uniform register right after its
         // load (which waited out the load's latency every K block); the next group is loaded 16 blocks ahead
+        const float* tile_sb = sb;
         float b_grp = 0.0f, b_next = 0.0f;
         auto fetch_b = [&](int kb0) { return ld_scale(tile_sb + (long long)min(kb0 + lane, kblocks - 1) * sb_k); };
         auto b_at = [&](int kb) {
@@ -549,9 +544,24 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             }
             return 0.0f;
         };
-        auto promote_with = [&](float (&p)[64], int s, int j, const scale_set& sc, float bsc) {
+        // the A scales of this thread's two rows of slab j, from stage s (they came with its copies): read from
+        // shared memory, no global load is in flight when the next wgmma is issued (the math warps used to load
+        // them from global memory, and the wgmma fence appeared to wait for those loads)
+        const int row_in_slab = (warp & 3) * 16 + (lane >> 2);
+        struct row_scales { float r[SLABS][2]; };
+        auto scales_of = [&](int s) {
+            row_scales v;
+#pragma unroll
+            for (int j = 0; j < SLABS; ++j) {
+                const float* p = stage_sa(s) + (cg * SLABS + j) * 64 + row_in_slab;
+                v.r[j][0] = p[0];
+                v.r[j][1] = p[8];
+            }
+            return v;
+        };
+        auto promote_with = [&](float (&p)[64], int s, int j, const row_scales& sc, float bsc) {
             wgmma::fence_operands(p);
-            promote_rows<SB_ROWS>(acc[j], p, sc.a[j][0], sc.a[j][1], stage_sb(s) + col_in_8, bsc);
+            promote_rows<SB_ROWS>(acc[j], p, sc.r[j][0], sc.r[j][1], stage_sb(s) + col_in_8, bsc);
         };
         auto release = [&](int s) {             // this warp's wgmmas and scale reads of stage s are done
             __syncwarp();
@@ -570,79 +580,63 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
 #pragma unroll
                 for (int j = 0; j < SLABS; ++j) acc[j][e] = 0.0f;
             }
-#pragma unroll
-            for (int j = 0; j < SLABS; ++j) {    // rows past M read row M - 1's scales (never stored)
-                const int r = m0 + (cg * SLABS + j) * 64 + (warp & 3) * 16 + (lane >> 2);
-                rows_sa[j][0] = sa + (long long)min(r, M - 1) * sa_m;
-                rows_sa[j][1] = sa + (long long)min(r + 8, M - 1) * sa_m;
-            }
+            // (rows past M multiply zero-filled A rows by whatever scales their smem slots hold; never stored)
             if constexpr (!SB_ROWS) {
                 tile_sb = sb + (long long)(min(n0, N - 1) / 128) * sb_n;
                 b_grp = fetch_b(0);
             }
-            // two scale sets used in turn (K blocks unrolled by two): the set for kb + 1 is loaded while kb
-            // multiplies, and no register copy waits for it
-            fetch_into(cur_s, 0);
             if constexpr (!PIPE) {
-                // K block kb with scale set sc, loading kb + 1's into sn. Two slabs load theirs after the block's
-                // last wgmma issue, not before its first: on an H100 that took 4096^3 from 1016 to 1049 TFLOP/s
-                // (975 -> 1032 with clusters), 4096 x 7168 x 2048 from 949 to 1022, while loading them two K blocks
-                // ahead instead gained nothing -- as if the wgmma fence waited for the loads in flight before it.
-                // One slab measured better loading them first.
-                constexpr bool kLateFetch = SLABS == 2;
-                auto step = [&](int kb, const scale_set& sc, scale_set& sn) {
+                for (int kb = 0; kb < kblocks; ++kb) {
                     const int s = it % STAGES;
                     const float bsc = b_at(kb);
-                    if (!kLateFetch && kb + 1 < kblocks) fetch_into(sn, kb + 1);
                     wait_full(it);
+                    row_scales sc;
 #pragma unroll
                     for (int j = 0; j < SLABS; ++j) {
                         issue(part, s, cg * SLABS + j);
-                        if (kLateFetch && j == SLABS - 1 && kb + 1 < kblocks) fetch_into(sn, kb + 1);
+                        if (j == 0) sc = scales_of(s);      // read while the first wgmmas run
                         wgmma::wait<0>();
                         promote_with(part, s, j, sc, bsc);
                     }
                     release(s);
                     ++it;
-                };
-                for (int kb = 0; kb < kblocks; kb += 2) {
-                    step(kb, cur_s, nxt_s);
-                    if (kb + 1 >= kblocks) break;
-                    step(kb + 1, nxt_s, cur_s);
                 }
             } else {
                 // K block kb in flight in `cur`: issue kb + 1 into `nxt`, then promote kb. Every path through the
                 // loop keeps one group in flight at the loop head (the last K blocks are peeled), so ptxas can
                 // prove the promotion reads only finished accumulators and keeps the wgmmas asynchronous.
-                auto steady = [&](int kb, float (&cur)[64], float (&nxt)[64], const scale_set& sc, scale_set& sn) {
+                auto steady = [&](int kb, float (&cur)[64], float (&nxt)[64]) {
+                    const int s = it % STAGES;
                     const float bsc = b_at(kb);
-                    fetch_into(sn, kb + 1);
                     wait_full(it + 1);
                     issue(nxt, (it + 1) % STAGES, cg);
+                    const row_scales sc = scales_of(s);     // read while the wgmmas run
                     wgmma::wait<1>();
-                    promote_with(cur, it % STAGES, 0, sc, bsc);
-                    release(it % STAGES);
+                    promote_with(cur, s, 0, sc, bsc);
+                    release(s);
                     ++it;
                 };
-                auto last = [&](int kb, float (&cur)[64], const scale_set& sc) {
+                auto last = [&](int kb, float (&cur)[64]) {
+                    const int s = it % STAGES;
                     const float bsc = b_at(kb);
+                    const row_scales sc = scales_of(s);
                     wgmma::wait<0>();
-                    promote_with(cur, it % STAGES, 0, sc, bsc);
-                    release(it % STAGES);
+                    promote_with(cur, s, 0, sc, bsc);
+                    release(s);
                     ++it;
                 };
                 wait_full(it);
                 issue(part, it % STAGES, cg);
                 int kb = 0;
                 for (; kb + 2 < kblocks; kb += 2) {
-                    steady(kb, part, next, cur_s, nxt_s);
-                    steady(kb + 1, next, part, nxt_s, cur_s);
+                    steady(kb, part, next);
+                    steady(kb + 1, next, part);
                 }
                 if (kb + 1 < kblocks) {
-                    steady(kb, part, next, cur_s, nxt_s);
-                    last(kb + 1, next, nxt_s);
+                    steady(kb, part, next);
+                    last(kb + 1, next);
                 } else {
-                    last(kb, part, cur_s);
+                    last(kb, part);
                 }
             }
 #pragma unroll

@@ -99,6 +99,8 @@ __launch_bounds__(kBlock) __global__ void amax_kernel(float* partials, const T* 
 //   kTile:      q_row [rows, cols], s_row [ceil(rows/128), ceil(cols/128)] (kTileRows == 128)
 //   kTileCol:   with kTile, q_col receives the tile-quantized values too (with kColT: the weight's
 //               transposed copy, whose tile scales are s_row read transposed)
+// kRowT stores the kRowBlocks scales M-major, s_row [ceil(cols/128), rows] (the host hands them out as the transposed
+// view [rows, ceil(cols/128)], whose K blocks' scales of consecutive rows a GEMM's copy unit takes in one bulk copy).
 // kColT stores q_col transposed, [cols, rows] (s_col keeps its layout; the host hands it out as the transposed view
 // [cols, ceil(rows/128)], whose contiguous columns a GEMM's copy unit takes in one bulk copy): the K-major operands
 // of the GEMMs that reduce over rows (wgrad, dgrad) come out of the same launch, staged through shared
@@ -109,12 +111,13 @@ constexpr int kLanes = kQuantBlock / kChunk;  // 16 lanes across a block's colum
 constexpr int kSlots = 256 / kLanes;          // 16 row slots of a block
 ROCJIT_INLINE int row_blocks_of(int cols) { return (cols + kQuantBlock - 1) / kQuantBlock; }
 
-template <class T, class F, int kMode, int kTileRows, bool kAligned, bool kColT>
+template <class T, class F, int kMode, int kTileRows, bool kAligned, bool kColT, bool kRowT>
 __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row, float* s_row, unsigned char* q_col,
                                                            float* s_col, const T* x, int rows, int cols) {
     static_assert(kTileRows % kSlots == 0, "tile rows: a multiple of 16");
     static_assert(!(kMode & (kColBlocks | kTile)) || kTileRows == kQuantBlock, "column blocks and tiles are 128 rows");
     static_assert(!(kMode & kTileCol) || (kMode & kTile), "kTileCol goes with kTile");
+    static_assert(!kRowT || !(kMode & kTile), "kRowT lays out row-block scales (kRowBlocks)");
     constexpr int kSteps = kTileRows / kSlots;
     static_assert(!kColT || kSteps == 8, "the transposed store takes 8 rows per thread");
     constexpr bool kColOut = (kMode & (kColBlocks | kTileCol)) != 0;
@@ -196,7 +199,13 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
                 for (int i = 0; i < kChunk; ++i) m = fmaxf(m, fabsf(v[i]));
                 m = fmaxf(group_max<kLanes>(m), kMinAmax);
                 mul = F::max / m;
-                if (lane == 0 && row < rows) s_row[(long long)row * row_blocks_of(cols) + blockIdx.x] = m / F::max;
+                if (lane == 0 && row < rows) {
+                    if constexpr (kRowT) {
+                        s_row[(long long)blockIdx.x * rows + row] = m / F::max;
+                    } else {
+                        s_row[(long long)row * row_blocks_of(cols) + blockIdx.x] = m / F::max;
+                    }
+                }
             }
             float f[kChunk];
 #pragma unroll
@@ -248,9 +257,11 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
 // rocjit:check quant_rows_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 1, 256, 256, 2, true>
 // rocjit:check quant_rows_kernel<__half, rocjit::e4m3fn, 3, 256, 256, 2, false>
 // rocjit:check amax_kernel<__hip_bfloat16, 512, true>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 32, true, false>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, false>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 2, 128, true, false>
-// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fn, 4, 128, false, false>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 12, 128, false, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 32, true, false, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, false, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 2, 128, true, false, false>
+// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fn, 4, 128, false, false, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true, true>
+// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fnuz, 3, 128, false, false, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 12, 128, false, true, false>

@@ -335,7 +335,7 @@ def _blockwise_adapter(fn, torch, ops, a_bf16, w_bf16):
     """A zero-argument call of rocjit.ops.gemm_fp8_blockwise (forward NT, 1x128 / 128x128 scales) on these
     operands (it raises when the op refuses them: the caller notes and skips). The only place that knows that
     op's signature: keep it tiny."""
-    qa, sa = ops.quantize_fp8(a_bf16, granularity="block")
+    qa, sa, _, _ = ops.quantize_fp8_dual(a_bf16)          # 1 x 128 scales M-major, as a training step has them
     qw, sw = ops.quantize_fp8_weight(w_bf16)
     call = lambda: fn(qa, sa, qw, sw, out_dtype=torch.bfloat16)  # noqa: E731
     call()

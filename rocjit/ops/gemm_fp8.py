@@ -10,7 +10,9 @@ dequantization multipliers (x ~= q * s, as rocjit's quantizers return them).
 - a_scale: one per row of op(A) and K block: [M, ceil(K/128)] for layout N..., [ceil(K/128), M] for T...
 - b_scale: one per 128 x 128 tile of B: [ceil(N/128), ceil(K/128)] for ...T, [ceil(K/128), ceil(N/128)] for ...N;
   or one per row of op(B) and K block (B is an activation, as in wgrad): [N, ceil(K/128)] / [ceil(K/128), N].
-  Scales may have any strides (cuBLASLt's column-major (M, K/128) layout and transposed views work as they are).
+  Scales may have any strides. The Hopper TMA kernel copies each K block's A scales (and per-row B scales) into
+  shared memory with one bulk copy, from M-major memory: (M, K/128) with strides (1, M), M % 4 == 0, 16-byte
+  aligned -- quantize_fp8_dual's s_row (and cuBLASLt's layout); other layouts cost it a small copy per call.
 - out_dtype bfloat16 (default), float16 or float32; trans_c=True returns C^T [N, M], written by the kernel's
   transposed-store epilogue (coalesced along C^T's rows); out= writes in place.
 
@@ -267,8 +269,9 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     from rocjit.platform import cuda
     call.forget()           # tensor maps are encoded per address: no plan can replay this launch
     bm, cluster = cfg["bm"], cfg["cluster"]
+    sa = _k_block_rows(sa, M, K)
     if sb_rows:
-        sb = _column_contiguous(sb, N, K)
+        sb = _k_block_rows(sb, N, K)
     ta = cuda.tensor_map_2d(a_km.data_ptr(), K, M, a_km.stride(0), BLOCK, bm // cluster)
     tb = cuda.tensor_map_2d(b_km.data_ptr(), K, N, b_km.stride(0), BLOCK, 128)
     launcher = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
@@ -288,19 +291,20 @@ def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
     return C.module(SRC_SM90)[name][grid, 384]
 
 
-def _column_contiguous(sb, N, K):
-    """Per-row B scales (tensor, stride of n, stride of k block) as the TMA kernel's bulk copies read them: each K
-    block's N scales contiguous, 16-byte aligned, rows a multiple of 4 floats apart, N a multiple of 4 (the copy
-    rounds its length up to 16 bytes); quantize_fp8_dual(transpose_col=True) hands wgrad's scales out so. Anything
-    else is copied into that layout, zero-padded (N x ceil(K/128) floats, small next to the product)."""
-    t, sn, sk = sb
-    if sn == 1 and sk % 4 == 0 and N % 4 == 0 and C.aligned(t):
-        return sb
+def _k_block_rows(s, R, K):
+    """Scales of R rows per K block, (tensor, stride of a row, stride of a K block), as the TMA kernel's bulk copies
+    read them: each K block's R scales contiguous, 16-byte aligned, K blocks a multiple of 4 floats apart, R a
+    multiple of 4 (a copy's length is rounded up to 16 bytes). quantize_fp8_dual hands its row scales (the A side)
+    and, with transpose_col=True, its column scales (wgrad's per-row B side) out so. Anything else is copied into
+    that layout, zero-padded (R x ceil(K/128) floats, small next to the product)."""
+    t, sr, sk = s
+    if sr == 1 and sk % 4 == 0 and R % 4 == 0 and C.aligned(t):
+        return s
     tm = C.torch()
-    KB, N4 = C.ceil_div(K, BLOCK), -(-N // 4) * 4
-    buf = tm.zeros((KB, N4), dtype=tm.float32, device=t.device)
-    buf[:, :N].copy_(tm.as_strided(t, (KB, N), (sk, sn), t.storage_offset()))
-    return buf, 1, N4
+    KB, R4 = C.ceil_div(K, BLOCK), -(-R // 4) * 4
+    buf = tm.zeros((KB, R4), dtype=tm.float32, device=t.device)
+    buf[:, :R].copy_(tm.as_strided(t, (KB, R), (sk, sr), t.storage_offset()))
+    return buf, 1, R4
 
 
 @functools.lru_cache(maxsize=1)
@@ -393,15 +397,24 @@ def _fast_key(a, a_scale, b, b_scale, layout, out_dtype, trans_c):
             os.environ.get("ROCJIT_GEMM_FP8_TMA"), os.environ.get("ROCJIT_GEMM_FP8_SM90"))
 
 
-def _fast_run(entry, a, a_scale, b, b_scale):
+def _scales(a_scale, b_scale, layout):
+    """The (row, K block) views of the scales, (tensor, stride, stride) each (see _strided)."""
+    return (_strided(a_scale if layout[0] == "N" else a_scale.t()),
+            _strided(b_scale if layout[1] == "T" else b_scale.t()))
+
+
+def _fast_run(entry, a, a_scale, b, b_scale, layout):
     from rocjit.platform import cuda
-    launcher, od, shape, M, N, K, lda, ldb, box_a, sa_t, sa_strides, sb_t, sb_strides, smem = entry
+    launcher, od, shape, M, N, K, lda, ldb, box_a, sb_rows, smem = entry
     c = C.torch().empty(shape, dtype=od, device=a.device)
     ta = cuda.tensor_map_2d(a.data_ptr(), K, M, lda, BLOCK, box_a)
     tb = cuda.tensor_map_2d(b.data_ptr(), K, N, ldb, BLOCK, 128)
-    # the scales go in as the contiguous tensors holding them (a scale given transposed: its .t())
-    launcher(ta, tb, c, a_scale.t() if sa_t else a_scale, b_scale.t() if sb_t else b_scale, M, N, K, c.stride(0),
-             *sa_strides, *sb_strides, shared_mem=smem)
+    # the scales as the full path prepares them (in place where their layout is the kernel's, else a small copy)
+    sa, sb = _scales(a_scale, b_scale, layout)
+    sa = _k_block_rows(sa, M, K)
+    if sb_rows:
+        sb = _k_block_rows(sb, N, K)
+    launcher(ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem)
     return c
 
 
@@ -412,7 +425,7 @@ def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
         entry = _FAST.get(key)
         if entry is not None:
             call.forget()
-            return _fast_run(entry, a, a_scale, b, b_scale)
+            return _fast_run(entry, a, a_scale, b, b_scale, layout)
     M, N, K, sb_rows, od, shape = _check(a, a_scale, b, b_scale, layout, out_dtype, out, trans_c)
     target = _device_check(a)
     if out is None:
@@ -426,9 +439,9 @@ def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
     b_km, own_b = _kmajor(b if layout[1] == "T" else b.t(), K)
     if not (own_a and own_b) or layout != "NT":
         call.forget()       # copies or views: nothing a plan can name (a replay would need their layout again)
-    # the logical (row, k-block) views of the scales
-    sa = _strided(a_scale if layout[0] == "N" else a_scale.t())
-    sb = _strided(b_scale if layout[1] == "T" else b_scale.t())
+    # the logical (row, k-block) views of the scales (the TMA kernel's launch copies those it cannot bulk-copy as they
+    # are: a cost its tuning runs include)
+    sa, sb = _scales(a_scale, b_scale, layout)
     if sa[0] is not a_scale or sb[0] is not b_scale:
         call.forget()
     cfg = config_for(out, a_km, b_km, sa, sb, M, N, K, sb_rows, bool(trans_c), target)
@@ -439,15 +452,14 @@ def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
         a_km_arg = a_km
     b_km_arg = b if own_b and layout[1] == "T" else b_km
     y = _launch(cfg, out, a_km_arg, b_km_arg, sa, sb, M, N, K, sb_rows, bool(trans_c), call)
-    if key is not None and cfg.get("kernel") == "tma" and own_a and own_b and sa[0].data_ptr() == a_scale.data_ptr() \
-            and sb[0].data_ptr() == b_scale.data_ptr() and (not sb_rows or _column_contiguous(sb, N, K) is sb) \
+    if key is not None and cfg.get("kernel") == "tma" and own_a and own_b \
             and not tune.capturing():                   # (under capture the config may be a default)
         vec_out = (M if trans_c else N) % 8 == 0         # new outputs are aligned
         if len(_FAST) >= 1024:
             _FAST.clear()
         _FAST[key] = (_tma_kernel(cfg, out.dtype, sb_rows, bool(trans_c), vec_out, M, N, out.device.index or 0), od,
-                      shape, M, N, K, a_km.stride(0), b_km.stride(0), cfg["bm"] // cfg["cluster"],
-                      not a_scale.is_contiguous(), sa[1:], not b_scale.is_contiguous(), sb[1:], smem_bytes(cfg))
+                      shape, M, N, K, a_km.stride(0), b_km.stride(0), cfg["bm"] // cfg["cluster"], sb_rows,
+                      smem_bytes(cfg))
     return y
 
 

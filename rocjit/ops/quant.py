@@ -8,7 +8,8 @@ s = amax / fp8 max (as in Primus-Turbo / DeepSeek-V3).
     q, s = quantize_fp8_weight(w)                          # 128 x 128 tiles, s [ceil(N/128), ceil(K/128)]
     q, s, q_t = quantize_fp8_weight(w, transposed=True)    # + q_t [K, N] = q^T (same tiles; its scales are s.t())
     q_row, s_row, q_col, s_col = quantize_fp8_dual(x)      # 1x128 and 128x1 from one read of x:
-                                                           # s_row [M, ceil(K/128)], s_col [ceil(M/128), K]
+                                                           # s_row [M, ceil(K/128)] (M-major: strides (1, M)),
+                                                           # s_col [ceil(M/128), K]
     q_row, s_row, q_colT, s_colT = quantize_fp8_dual(x, transpose_col=True)
                                                            # column blocks stored transposed: q_colT [K, M],
                                                            # s_colT [K, ceil(M/128)] (K-major for wgrad)
@@ -83,8 +84,9 @@ def _quantize(call, x, scale, mode, fmt, q=None, s=None):
     return q, s
 
 
-def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False):
-    """Launch quant_blocks_kernel on a contiguous x read as [M, K]; col_t: q_col (and s_col) stored transposed."""
+def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False, row_t=False):
+    """Launch quant_blocks_kernel on a contiguous x read as [M, K]; col_t: q_col (and s_col) stored transposed;
+    row_t: s_row (row blocks) stored M-major, [ceil(K/128), M]."""
     dev = x.device.index or 0
     dummy = call.const(C.dummy_f32(dev))
     tile_rows = BLOCK if kmode & (_COL_BLOCKS | _TILE) else (16 if M <= 2048 else 64)
@@ -93,7 +95,7 @@ def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False):
     if col_t:                   # the transposed rows (length M) leave as 16-byte stores
         is_aligned = is_aligned and M % 16 == 0 and C.aligned(q_col)
     name = (f"quant_blocks_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {kmode}, {tile_rows}, "
-            f"{C.cbool(is_aligned)}, {C.cbool(col_t)}>")
+            f"{C.cbool(is_aligned)}, {C.cbool(col_t)}, {C.cbool(row_t)}>")
     grid = (C.ceil_div(K, BLOCK), C.ceil_div(M, tile_rows))
     call.launch(_kernel(name), grid, 256, q_row if q_row is not None else q_col,
                 s_row if s_row is not None else dummy, q_col if q_col is not None else q_row,
@@ -114,18 +116,19 @@ def _weight(call, w, fmt, transposed=False):
 def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_col=False):
     """kmode selects row blocks, column blocks or both (the benchmark's separate launches use one each);
     transpose_col stores the column-block output transposed: q_col [K, M], and returns s_col as [K, ceil(M/128)],
-    a transposed view of its [ceil(M/128), K] memory (a view: the call records no eager plan)."""
+    a transposed view of its [ceil(M/128), K] memory. s_row is always the transposed view [M, ceil(K/128)] of
+    [ceil(K/128), M] memory (views: the call records no eager plan)."""
     tm = C.torch()
     M, K = x.shape
     f8 = C.fp8_torch_dtype(fmt)
     q_row = call.empty(x.shape, f8, x.device) if kmode & _ROW_BLOCKS else None
-    s_row = call.empty((M, C.ceil_div(K, BLOCK)), tm.float32, x.device) if kmode & _ROW_BLOCKS else None
+    s_row = call.empty((C.ceil_div(K, BLOCK), M), tm.float32, x.device) if kmode & _ROW_BLOCKS else None
     col = kmode & _COL_BLOCKS
     q_col = call.empty((K, M) if transpose_col else x.shape, f8, x.device) if col else None
     s_col = call.empty((C.ceil_div(M, BLOCK), K), tm.float32, x.device) if col else None
     if M and K:
-        _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=transpose_col and bool(col))
-    return q_row, s_row, q_col, (s_col.t() if transpose_col and col else s_col)
+        _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=transpose_col and bool(col), row_t=True)
+    return q_row, (s_row.t() if s_row is not None else None), q_col, (s_col.t() if transpose_col and col else s_col)
 
 
 def _quantize_op():
@@ -174,7 +177,7 @@ def _dual_op():
         f8 = C.fp8_torch_dtype(fmt)
         kt = (K, M) if transpose_col else (M, K)
         s_col = x.new_empty((C.ceil_div(M, BLOCK), K), dtype=tm.float32)
-        return (x.new_empty(x.shape, dtype=f8), x.new_empty((M, C.ceil_div(K, BLOCK)), dtype=tm.float32),
+        return (x.new_empty(x.shape, dtype=f8), x.new_empty((C.ceil_div(K, BLOCK), M), dtype=tm.float32).t(),
                 x.new_empty(kt, dtype=f8), s_col.t() if transpose_col else s_col)
 
     return impl, fake
@@ -236,7 +239,9 @@ def quantize_fp8_weight(call, w, *, block=BLOCK, fp8_format=None, transposed=Fal
 @op(roles="TOOO", sources=(_SRC,), bench="quant", custom_op=_dual_op)
 def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=False):
     """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read.
-    transpose_col=True stores the column-block output transposed, q_col [K, M], and returns s_col [K, ceil(M/128)]
+    s_row [M, ceil(K/128)] is M-major (a transposed view, strides (1, M)): each K block's scales of consecutive rows
+    lie together, the layout cuBLASLt's blockwise GEMM takes and the one gemm_fp8_blockwise's TMA kernel copies
+    with one bulk copy per K block (any other layout costs the GEMM a copy). transpose_col=True stores the column-block output transposed, q_col [K, M], and returns s_col [K, ceil(M/128)]
     as a transposed view (strides (1, K)): the K-major operand, with its 1 x 128 scales along M, of a GEMM that
     reduces over M (wgrad), whose per-row scales it reads one contiguous block row at a time."""
     xt, fw, fmt = _prepare("quantize_fp8_dual", x, fp8_format, block, two_d=True)

@@ -140,7 +140,7 @@ def _kb_major(s, offset=0):
 
 
 # per-row B scales with contiguous columns (quantize_fp8_dual(transpose_col=True)'s layout) reach the TMA kernel's
-# ring by one bulk copy per stage; N % 4 != 0 or a base not 16-byte aligned takes the per-lane copies instead.
+# ring by one bulk copy per stage; N % 4 != 0 or a base not 16-byte aligned is first copied into that layout.
 # N tails, a cluster's second tile past N (N = 300 with 256-column pairs), several tiles per block.
 @pytest.mark.parametrize("M, N, K, offset, trans_c", [(77, 300, 208, 0, False), (130, 520, 1024, 0, True),
                                                       (2100, 1900, 384, 0, False), (77, 302, 208, 0, False),
@@ -159,6 +159,47 @@ def test_tma_kernel_column_contiguous_row_scales(M, N, K, offset, trans_c):
         out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, True, trans_c)
         _close(out, ref.t() if trans_c else ref, torch.bfloat16)
+
+
+# the A scales reach the TMA kernel's ring by one bulk copy per stage from M-major memory (quantize_fp8_dual's s_row
+# layout), used in place; row-major scales, M % 4 != 0 and a base not 16-byte aligned are first copied into it.
+# M tails inside a tile, rows past M in the last tile, several tiles per block, both kinds of B scales.
+@pytest.mark.parametrize("M, N, K, offset, layout_in", [(200, 264, 384, 0, "m_major"), (77, 300, 208, 0, "m_major"),
+                                                        (2100, 1900, 384, 0, "m_major"), (520, 136, 256, 1, "m_major"),
+                                                        (300, 520, 1024, 0, "row_major")])
+@pytest.mark.parametrize("sb_rows", [False, True])
+def test_tma_kernel_m_major_a_scales(M, N, K, offset, layout_in, sb_rows):
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + K)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    sa = G._strided(_kb_major(xs, offset) if layout_in == "m_major" else xs)
+    sb = G._strided(_kb_major(ws) if sb_rows else ws)
+    in_place = layout_in == "m_major" and M % 4 == 0 and offset % 4 == 0
+    assert (G._k_block_rows(sa, M, K) is sa) == in_place
+    tma = [c for c in G.candidates(target, G._smem_limit(0), sm90=True) if c.get("kernel") == "tma"]
+    for cfg in tma:
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, sb_rows, False)
+        _close(out, ref, torch.bfloat16)
+
+
+def test_dual_quantizer_row_scales_feed_the_gemm_in_place():
+    """quantize_fp8_dual's s_row is M-major (strides (1, M)) and the op takes it as it is."""
+    M, N, K = 264, 392, 640
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16() * (torch.rand(M, 1, device="cuda", generator=g)
+                                                                    .bfloat16() * 4 + 0.25)
+    w = torch.randn(N, K, device="cuda", generator=g).bfloat16() * 0.1
+    xq, xs, _, _ = ops.quantize_fp8_dual(x)
+    assert xs.shape == (M, -(-K // 128)) and xs.stride() == (1, M)
+    xq2, xs2 = ops.quantize_fp8(x, granularity="block")               # the same values, row-major
+    assert torch.equal(xq.view(torch.uint8), xq2.view(torch.uint8)) and torch.equal(xs, xs2)
+    wq, ws = ops.quantize_fp8_weight(w)
+    ref = _deq_rows(xq, xs) @ _deq_tiles(wq, ws).t()
+    _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws), ref, torch.bfloat16)
+    _close(ops.gemm_fp8_blockwise(xq, xs2, wq, ws), ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("layout", ["NT", "TN"])
@@ -230,6 +271,7 @@ def test_quantizer_transposed_outputs_match(M, K):
     q_row, s_row, q_col, s_col = ops.quantize_fp8_dual(x)
     r_row, r_srow, q_colT, s_colT = ops.quantize_fp8_dual(x, transpose_col=True)
     assert torch.equal(q_row.view(torch.uint8), r_row.view(torch.uint8)) and torch.equal(s_row, r_srow)
+    assert s_row.stride() == (1, M) and r_srow.stride() == (1, M)   # M-major: the GEMM's bulk-copied A scales
     assert q_colT.shape == (K, M) and s_colT.shape == (K, -(-M // 128))
     assert torch.equal(q_colT.view(torch.uint8), q_col.view(torch.uint8).t())
     assert torch.equal(s_colT, s_col.t())
