@@ -800,8 +800,7 @@ static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts) 
 
 /* plans.add(args, outputs, consts, launches, result, as_tuple, stream)
  *   args: the op arguments of the call being recorded (its key is read from them, as a later call's would be)
- *   outputs: [(shape, make), ...]: make(*shape) makes each (make(()) for a 0-d output); or (shape, make, argv):
- *            make(*argv) (e.g. torch.empty_like of a kept prototype of that shape)
+ *   outputs: [(shape, make), ...]: make(*shape) makes each (make(()) for a 0-d output)
  *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | None
  *   result: [ref, ...], returned as a tuple when as_tuple, else its one element
  *   stream: None, or the stream handle the plan is bound to (its constants belong to that stream)
@@ -845,11 +844,9 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
     if (PyList_GET_SIZE(outputs) > RJ_MAX_OUTS) { PyErr_SetString(PyExc_ValueError, "outputs: too many"); goto fail; }
     p->nouts = (int)PyList_GET_SIZE(outputs);
     for (int j = 0; j < p->nouts; j++) {
-        PyObject *shape, *make, *argv = NULL;
+        PyObject *shape, *make;
         rj_out *o = &p->outs[j];
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(outputs, j), "O!O|O!", &PyTuple_Type, &shape, &make, &PyTuple_Type,
-                              &argv))
-            goto fail;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(outputs, j), "O!O", &PyTuple_Type, &shape, &make)) goto fail;
         if (!PyCallable_Check(make)) { PyErr_SetString(PyExc_TypeError, "output: make must be callable"); goto fail; }
         Py_ssize_t nd = PyTuple_GET_SIZE(shape);
         if (nd > RJ_MAX_DIMS) { PyErr_SetString(PyExc_ValueError, "output: too many dims"); goto fail; }
@@ -860,20 +857,10 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
                 goto fail;
             }
         }
-        if (argv) {
-            Py_ssize_t na = PyTuple_GET_SIZE(argv);
-            if (na > RJ_MAX_DIMS) { PyErr_SetString(PyExc_ValueError, "output: too many make arguments"); goto fail; }
-            o->nargv = (int)na;
-            for (int d = 0; d < o->nargv; d++) {
-                o->argv[d] = PyTuple_GET_ITEM(argv, d);
-                Py_INCREF(o->argv[d]);
-            }
-        } else {
-            o->nargv = nd ? (int)nd : 1;
-            for (int d = 0; d < o->nargv; d++) {
-                o->argv[d] = nd ? PyTuple_GET_ITEM(shape, d) : shape;
-                Py_INCREF(o->argv[d]);
-            }
+        o->nargv = nd ? (int)nd : 1;
+        for (int d = 0; d < o->nargv; d++) {
+            o->argv[d] = nd ? PyTuple_GET_ITEM(shape, d) : shape;
+            Py_INCREF(o->argv[d]);
         }
         Py_INCREF(make);
         o->make = make;

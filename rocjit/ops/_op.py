@@ -267,7 +267,7 @@ class Call:
             if not self.ok or (r is not None and ref[0] == "c"):
                 return result
             refs.append(tuple(ref) if ref is not None else None)
-        outputs = [_output(t.dtype, t.device, shape) for t, shape in self._outs]
+        outputs = [(shape, _maker(t.dtype, t.device)) for t, shape in self._outs]
         launches = [(fn, [tuple(r) if r is not None else None for r in refs_], sm)
                     for fn, refs_, sm, _ in self._launches]
         self.op.last_plan = [(k.name, sum(p.pointer for p in k.params), sum(not p.pointer for p in k.params))
@@ -288,28 +288,6 @@ def _maker(dtype, device):
     """make(*sizes) -> a new torch tensor of this dtype on this device, for a plan's outputs: the new_empty of a
     kept empty prototype (about 0.4 µs cheaper per call than torch.empty with dtype= and device= on an H100 host)"""
     return sys.modules["torch"].empty(0, dtype=dtype, device=device).new_empty
-
-
-@functools.lru_cache(maxsize=None)
-def _scalar(dtype, device):
-    return sys.modules["torch"].empty((), dtype=dtype, device=device)
-
-
-def _output(dtype, device, shape):
-    """How a plan allocates an output: (shape, torch.empty_like, (prototype,)), the prototype a 0-d tensor expanded
-    to the output's shape (one element of memory, strides 0, so empty_like makes it contiguous). Its argument
-    parsing is the cheapest of torch's allocations from C (H100 host, alloc + free: empty_like 2.0 - 3.8 µs against
-    3.7 - 4.3 for new_empty(*sizes) and 4.0 - 7.0 for torch.empty). Checked once here; anything unexpected keeps
-    new_empty."""
-    tm = sys.modules["torch"]
-    try:
-        proto = _scalar(dtype, device).expand(shape)
-        t = tm.empty_like(proto)
-        if tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.device == device and t.is_contiguous():
-            return shape, tm.empty_like, (proto,)
-    except (RuntimeError, TypeError):
-        pass
-    return shape, _maker(dtype, device)
 
 
 # ----------------------------------------------------------------------------- the registry's readers
