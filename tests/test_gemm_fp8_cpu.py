@@ -197,3 +197,21 @@ def test_pipelined_tma_kernel_keeps_its_wgmmas_asynchronous():
     bad = [line for line in log.splitlines() if re.search(r"C751[0-9]|serializ", line)]
     assert not bad, "\n".join(bad)
     assert not re.search(r"[1-9]\d* bytes spill", log), log
+
+
+def test_bench_times_a_shapes_implementations_in_alternating_rounds(monkeypatch):
+    """bench gemm_fp8 times every implementation of a large shape once per round, all of them in turn, the order
+    reversed every other round, and reports each one's median over the rounds."""
+    from rocjit.bench import gemm_fp8 as B
+    calls = []
+    fake = {"a": [5.0, 1.0, 3.0], "b": [2.0, 9.0, 4.0], "c": [7.0, 7.0, 1.0]}
+
+    def time_events(fn, warmup, reps):
+        name = fn()
+        calls.append(name)
+        return fake[name][sum(1 for c in calls if c == name) - 1]
+    monkeypatch.setattr(B.H, "time_events", time_events)
+    monkeypatch.setattr(B, "ROUNDS", 3)
+    got = B._time_all({k: (lambda k=k: k) for k in "abc"}, 4096, None)
+    assert calls == list("abc") + list("cba") + list("abc")
+    assert got == {"a": 3.0, "b": 4.0, "c": 7.0}

@@ -7,7 +7,11 @@ shape (each of our layouts gets its operands K-major from the quantizers, as the
 has cuBLASLt's peer for its own recipe, 1 x 128 scales on both operands (cublaslt_blockwise_1x128_1x128), its
 operands quantized as FP8Linear's backward quantizes them.
 Plus the training-step row: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear vs
-bf16 torch.nn.Linear. Shapes <= 256 rows are timed as CUDA-graph replays, larger ones with events.
+bf16 torch.nn.Linear. Shapes <= 256 rows are timed as CUDA-graph replays, larger ones with events in ROUNDS rounds
+that take every implementation of the shape in turn (the order reversed every other round; each one's median over
+the rounds): timed one after the other, the later ones ran on a hotter, lower-clocked GPU (H100, 8192^3: the same
+NT call 1221 -> 1046 TFLOP/s over four consecutive timings, and NN, the same kernel timed right after NT, 7 - 12%
+slower than NT in single-pass runs).
 On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT
 products of >= 128 rows, its output compared with the op's, as rows gemm_fp8_blockwise_NT_wgmma_<config> (the op
 offers these configs to its tuner there unless ROCJIT_GEMM_FP8_SM90=0; the rows show each tile on its own)."""
@@ -17,6 +21,7 @@ from rocjit.bench import harness as H
 SQUARE = (4096, 8192)
 DEEPSEEK = ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168), (7168, 2048))   # (N, K) at M = 4096
 DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128)
+ROUNDS = 3
 DECODE_NK = ((7168, 16384), (2112, 7168))
 
 
@@ -47,6 +52,20 @@ def _time(fn, M, torch):
     return H.time_events(fn, warmup=5, reps=30)
 
 
+def _time_all(fns: dict, M, torch) -> dict:
+    """µs of each of a shape's implementations: graph replays one after the other for small M, else ROUNDS rounds of
+    events over all of them in turn (order reversed every other round), the median of each one's rounds."""
+    import statistics
+    if M <= 256:
+        return {k: _time(f, M, torch) for k, f in fns.items()}
+    got = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(ROUNDS):
+        for k in (names if r % 2 == 0 else names[::-1]):
+            got[k].append(H.time_events(fns[k], warmup=3, reps=20))
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
 def run(argv) -> dict:
     import torch
     from rocjit.ops import quant as Q
@@ -65,7 +84,7 @@ def run(argv) -> dict:
     for M, N, K in cases + decode:
         x, w, xq, xs, wq, ws, wq_t = _operands(M, N, K, torch, Q)
         flops = 2.0 * M * N * K
-        peers = {}
+        peer_fns = {}
         if lt is not None:
             try:
                 xs_cm = xs.t().contiguous().t()             # (M, K/128) with strides (1, M)
@@ -73,13 +92,13 @@ def run(argv) -> dict:
                 got = lt(xq, xs_cm, wq, ws_t)
                 ref = gemm_fp8_blockwise(xq, xs, wq, ws)
                 if torch.allclose(got.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().max().item()):
-                    peers["cublaslt_blockwise"] = _time(lambda: lt(xq, xs_cm, wq, ws_t), M, torch)
+                    peer_fns["cublaslt_blockwise"] = lambda: lt(xq, xs_cm, wq, ws_t)
                 else:
                     result.setdefault("notes", []).append(f"cuBLASLt blockwise disagrees at {M}x{N}x{K}: not timed")
             except Exception as e:     # shapes this cuBLASLt refuses (e.g. M not a multiple of 16 on some builds)
                 result.setdefault("notes", []).append(f"cuBLASLt blockwise {M}x{N}x{K}: {type(e).__name__}: {e}"[:200])
         wt = w.t().contiguous().t()
-        peers["torch_matmul_bf16"] = _time(lambda: torch.matmul(x, wt.t()), M, torch)
+        peer_fns["torch_matmul_bf16"] = lambda: torch.matmul(x, wt.t())
         layouts = {"NT": lambda: gemm_fp8_blockwise(xq, xs, wq, ws)}
         tn_peer = None
         if M >= 128:    # the backward layouts of training shapes (decode has no backward)
@@ -92,12 +111,19 @@ def run(argv) -> dict:
             tn_peer = _cublaslt_1x128_1x128(result, tn, layouts["TN"], M, N, K, torch)
         if M >= 128:
             layouts.update(_wgmma_rows(result, xq, xs, wq, ws, M, N, K, layouts["NT"], torch))
-        for lay, fn in layouts.items():
+        for fn in layouts.values():
             fn()
-            us = _time(fn, M, torch)
+        fns = {("peer", k): f for k, f in peer_fns.items()}
+        fns.update({("ours", k): f for k, f in layouts.items()})
+        if tn_peer is not None:                         # cuBLASLt with TN's own scale recipe
+            fns[("peer", "cublaslt_blockwise_1x128_1x128")] = tn_peer
+        times = _time_all(fns, M, torch)
+        peers = {k: times[("peer", k)] for k in peer_fns}
+        for lay in layouts:
+            us = times[("ours", lay)]
             row_peers = dict(peers)
-            if lay == "TN" and tn_peer is not None:     # cuBLASLt with TN's own scale recipe
-                row_peers["cublaslt_blockwise_1x128_1x128"] = _time(tn_peer, M, torch)
+            if lay == "TN" and tn_peer is not None:
+                row_peers["cublaslt_blockwise_1x128_1x128"] = times[("peer", "cublaslt_blockwise_1x128_1x128")]
             row = H.add_row(result, f"gemm_fp8_blockwise_{lay}", (M, N, K), "e4m3-bf16", us, row_peers,
                             flops / (peak * 1e12) * 1e6 if peak else None, timing="graph" if M <= 256 else "events",
                             tflops=flops / us / 1e6,
