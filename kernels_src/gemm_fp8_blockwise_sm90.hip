@@ -317,22 +317,23 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 }
 
 // The same product fed by the Tensor Memory Accelerator (sm_90a): BM = 128 * SLABS rows x BN = 128 columns per tile,
-// 384 threads, persistent (block b takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the cluster takes pairs of
-// tiles side by side along N). Warp 0 is the copy warp: per K block it waits for the ring stage to be free, has the
-// TMA unit copy the A box (BM x 128 bytes) and the B box (128 x 128 bytes) into it, 128B-swizzled and zero-filled
-// past M, N and K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of BM / CLUSTER and 128
-// rows) and arrives on the stage's `full` barrier, whose phase completes when the bytes have landed (SB_ROWS: with
-// the stage's per-column B scales, one bulk copy of their row of the K block, which the host lays out
-// column-contiguous: quantize_fp8_dual(transpose_col=True)'s layout, or a copy into it), and the stage's A scales,
-// one bulk copy of the tile's rows from M-major scales (quantize_fp8_dual's s_row layout, or a copy into it). The math
-// warps read their rows' A scales from the stage and the tile's B scales 32 K blocks per warp load. The copy warp runs on into the next tile while the math warps store the last one. The copy
-// warpgroup gives its registers to the two math warpgroups (setmaxnreg), each of which owns SLABS m64 slabs of the
-// tile: per K block and slab, 4 wgmma m64n128k32 into fresh partials, then the promotion acc += partial * sa * sb. A
-// math warpgroup releases a stage on its own (one arrival per warp on `empty`), so the two never wait for each other
-// and one's promotion overlaps the other's wgmmas. PIPE (one slab): K block kb + 1's wgmmas are issued before kb's
-// partials are promoted. CLUSTER 2: each block copies half of the A tile into both blocks' rings (TMA multicast), so
-// a stage is free only once both blocks' math warps released it (they arrive on both `empty` barriers). The
-// accumulators go straight from registers to C (pairs of elements; C^T with TRANS_C).
+// 384 threads, persistent (block b takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the cluster takes pairs of tiles
+// side by side along N). Warp 0 is the copy warp: per K block it waits for the ring stage to be free, has the TMA unit
+// copy the A box (BM x 128 bytes) and the B box (128 x 128 bytes) into it, 128B-swizzled and zero-filled past M, N and
+// K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of BM / CLUSTER and 128 rows) and arrives
+// on the stage's `full` barrier, whose phase completes when the bytes have landed (SB_ROWS: with the stage's per-column
+// B scales, one bulk copy of their row of the K block, which the host lays out column-contiguous:
+// quantize_fp8_dual(transpose_col=True)'s layout, or a copy into it), and the stage's A scales, one bulk copy of the
+// tile's rows from M-major scales (quantize_fp8_dual's s_row layout, or a copy into it). The math warps read their
+// rows' A scales from the stage and the tile's B scales 32 K blocks per warp load. The copy warp runs on into the next
+// tile while the math warps store the last one. The copy warpgroup gives its registers to the two math warpgroups
+// (setmaxnreg), each of which owns SLABS m64 slabs of the tile: per K block and slab, 4 wgmma m64n128k32 into fresh
+// partials, then the promotion acc += partial * sa * sb. A math warpgroup releases a stage on its own (one arrival per
+// warp on `empty`), so the two never wait for each other and one's promotion overlaps the other's wgmmas. PIPE (one
+// slab): K block kb + 1's wgmmas are issued before kb's partials are promoted. CLUSTER 2: each block copies half of the
+// A tile into both blocks' rings (TMA multicast), so a stage is free only once both blocks' math warps released it
+// (they arrive on both `empty` barriers). The accumulators go straight from registers to C (pairs of elements; C^T with
+// TRANS_C).
 
 namespace gemm8_sm90 {
 

@@ -241,9 +241,10 @@ def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=Fa
     """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read.
     s_row [M, ceil(K/128)] is M-major (a transposed view, strides (1, M)): each K block's scales of consecutive rows
     lie together, the layout cuBLASLt's blockwise GEMM takes and the one gemm_fp8_blockwise's TMA kernel copies
-    with one bulk copy per K block (any other layout costs the GEMM a copy). transpose_col=True stores the column-block output transposed, q_col [K, M], and returns s_col [K, ceil(M/128)]
-    as a transposed view (strides (1, K)): the K-major operand, with its 1 x 128 scales along M, of a GEMM that
-    reduces over M (wgrad), whose per-row scales it reads one contiguous block row at a time."""
+    with one bulk copy per K block (any other layout costs the GEMM a copy). transpose_col=True stores the
+    column-block output transposed, q_col [K, M], and returns s_col [K, ceil(M/128)] as a transposed view (strides
+    (1, K)): the K-major operand, with its 1 x 128 scales along M, of a GEMM that reduces over M (wgrad), whose
+    per-row scales it reads one contiguous block row at a time."""
     xt, fw, fmt = _prepare("quantize_fp8_dual", x, fp8_format, block, two_d=True)
     transpose_col = bool(transpose_col)
     if C.compiling():
