@@ -16,12 +16,12 @@ Every candidate runs once before any is timed (a warm pass: compiling a kernel l
 low, which would penalise whichever candidate is timed next). Where each run is short next to the compiles before
 it, one run each is little load for the clocks to come back: pick's `heat_s` adds that many seconds of untimed runs,
 the candidates in turn, before the first timing (gemm_fp8_blockwise asks 0.3 s; its first candidates are its best
-tiles, which the cold start would hit first). One timing of each candidate is noisy where configs
-are close (decode GEMMs: within 1-2% of each other, run to run noise about as large), so the candidates within
-CONFIRM_BAND of the first pass's fastest (CONFIRM_MAX at most) are timed CONFIRM_ROUNDS more times, in alternating
-order, and each is judged by the median of its timings. Among those within TIE of the fastest median the simplest
-wins (pick's `simpler`, e.g. one launch rather than two: a split-K reduce kernel costs a launch boundary that a
-config timed back to back hides).
+tiles, which the cold start would hit first). One timing of each candidate is noisy where configs are close (decode
+GEMMs: within 1-2% of each other, run to run noise about as large), so the candidates within CONFIRM_BAND of the
+first pass's fastest (CONFIRM_MAX at most) are timed CONFIRM_ROUNDS more times, in alternating order, and each is
+judged by the median of its timings. Among those within TIE of the fastest median the simplest wins (pick's
+`simpler`, e.g. one launch rather than two: a split-K reduce kernel costs a launch boundary that a config timed back
+to back hides).
 """
 from __future__ import annotations
 

@@ -266,16 +266,23 @@ def _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, call=UNRECORD
 def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, call):
     """The TMA kernel: the operands go in as tensor maps (by-value kernel parameters, encoded by the driver for
     each new address and shape), so a call records no plan: it is for products whose GPU time dwarfs the host's."""
-    from rocjit.platform import cuda
     call.forget()           # tensor maps are encoded per address: no plan can replay this launch
     bm, cluster = cfg["bm"], cfg["cluster"]
+    launcher = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
+    return _tma_run(launcher, c, a_km.data_ptr(), a_km.stride(0), b_km.data_ptr(), b_km.stride(0), bm // cluster,
+                    sa, sb, M, N, K, sb_rows, smem_bytes(cfg))
+
+
+def _tma_run(launcher, c, a_ptr, lda, b_ptr, ldb, box_a, sa, sb, M, N, K, sb_rows, smem):
+    """One TMA-kernel launch into c: the scales laid out as its bulk copies read them (_k_block_rows), the operands'
+    tensor maps (cuda.tensor_map_2d keeps them per address). The full path and the repeated-call path end here."""
+    from rocjit.platform import cuda
     sa = _k_block_rows(sa, M, K)
     if sb_rows:
         sb = _k_block_rows(sb, N, K)
-    ta = cuda.tensor_map_2d(a_km.data_ptr(), K, M, a_km.stride(0), BLOCK, bm // cluster)
-    tb = cuda.tensor_map_2d(b_km.data_ptr(), K, N, b_km.stride(0), BLOCK, 128)
-    launcher = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
-    launcher(ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem_bytes(cfg))
+    ta = cuda.tensor_map_2d(a_ptr, K, M, lda, BLOCK, box_a)
+    tb = cuda.tensor_map_2d(b_ptr, K, N, ldb, BLOCK, 128)
+    launcher(ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem)
     return c
 
 
@@ -375,15 +382,15 @@ def tune_bucket(M: int, N: int, K: int) -> str:
 
 
 # ----------------------------------------------------------------------------- repeated calls
-# The TMA kernel's launches record no eager plan (its tensor maps are encoded per address), so every call took the
-# whole Python path: about 130 us of host time per call on an H100 host, more than the kernel's 112 us at
-# 4096 x 7168 x 2048 (the op ran at 135 us there where its kernel alone ran at 112). A call that the full path
-# launched on the TMA kernel with the operands and scales in place (no K-major copy, no scale copy) and a new output
-# leaves its launch here, keyed by everything its checks and choices read: the layout and output dtype, each
-# tensor's dtype, device, shape and strides, the operands' and scales' 16-byte alignment, the tuner's generation and
-# the kernel switches. A repeated call with the same key encodes the tensor maps (cuda.tensor_map_2d keeps them per
-# address) and launches; anything else takes the full path and its checks. (The native plans cannot hold this launch:
-# they pass tensors as pointers, and a tensor map is 128 bytes derived from one.)
+# The TMA kernel's launches record no eager plan (its tensor maps are encoded per address), so every call took the whole
+# Python path: about 130 us of host time per call on an H100 host, more than the kernel's 112 us at 4096 x 7168 x 2048
+# (the op ran at 135 us there where its kernel alone ran at 112). A call that the full path launched on the TMA kernel
+# with the operands in place (no K-major copy) and a new output leaves its launch here, keyed by everything its checks
+# and choices read: the layout and output dtype, each tensor's dtype, device, shape and strides, the operands' and
+# scales' 16-byte alignment, the tuner's generation and the kernel switches. A repeated call with the same key launches
+# through _tma_run, as the full path does (scales copied there where their layout needs it); anything else takes the
+# full path and its checks. (The native plans cannot hold this launch: they pass tensors as pointers, and a tensor map
+# is 128 bytes derived from one.)
 _FAST: dict = {}
 
 
@@ -404,18 +411,10 @@ def _scales(a_scale, b_scale, layout):
 
 
 def _fast_run(entry, a, a_scale, b, b_scale, layout):
-    from rocjit.platform import cuda
     launcher, od, shape, M, N, K, lda, ldb, box_a, sb_rows, smem = entry
     c = C.torch().empty(shape, dtype=od, device=a.device)
-    ta = cuda.tensor_map_2d(a.data_ptr(), K, M, lda, BLOCK, box_a)
-    tb = cuda.tensor_map_2d(b.data_ptr(), K, N, ldb, BLOCK, 128)
-    # the scales as the full path prepares them (in place where their layout is the kernel's, else a small copy)
     sa, sb = _scales(a_scale, b_scale, layout)
-    sa = _k_block_rows(sa, M, K)
-    if sb_rows:
-        sb = _k_block_rows(sb, N, K)
-    launcher(ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem)
-    return c
+    return _tma_run(launcher, c, a.data_ptr(), lda, b.data_ptr(), ldb, box_a, sa, sb, M, N, K, sb_rows, smem)
 
 
 def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
