@@ -197,17 +197,65 @@ class _ReferenceOps:
         return residual
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("fp8", [False, True])
-def test_patched_decode_wiring_against_the_stock_model(monkeypatch, family, fp8):
-    """Prefill (stock code: more rows than the decode kernels take) then decode steps through the patched
-    forwards, with the ops replaced by torch references: logits stay close to the stock model's."""
+class _ReferenceCustomOps:
+    """torch.ops.rocjit.*'s signatures (the custom ops the patched forwards call while torch.compile traces) over
+    the torch references, recording the op names."""
+
+    def __init__(self, calls):
+        self.ref, self.calls = _ReferenceOps(), calls
+
+    def _none(self, x):
+        return x.new_empty((0,), dtype=torch.float32)
+
+    def rms_norm(self, x, weight, eps, residual, scale, quant, fmt):
+        assert scale is None and isinstance(eps, float) and fmt == "e4m3fn"
+        self.calls.append("rms_norm")
+        r = self.ref.rms_norm(x, weight, eps, residual=residual, quant=None if quant == "none" else quant,
+                              fp8_format=fmt)
+        if quant == "per_token":
+            return r[0], r[1]
+        return (r if residual is None else r[0]), self._none(x)
+
+    def quantize_fp8(self, x, scale, mode, fmt):
+        assert scale is None and mode == "token"
+        self.calls.append("quantize_fp8")
+        return self.ref.quantize_fp8(x, granularity=mode, fp8_format=fmt)
+
+    def skinny_gemm(self, a, w, scale_a, scale_w, out_dtype):
+        assert a.is_contiguous() and isinstance(out_dtype, str)
+        self.calls.append("skinny_gemm")
+        return self.ref.skinny_gemm(a, w, scale_a=scale_a, scale_w=scale_w, out_dtype=getattr(torch, out_dtype))
+
+    def swiglu(self, gate_up, scale, quant, fmt):
+        assert scale is None
+        self.calls.append("swiglu")
+        r = self.ref.swiglu(gate_up, quant=None if quant == "none" else quant, fp8_format=fmt)
+        return r if quant == "per_token" else (r, self._none(gate_up))
+
+    def skinny_gemm_residual(self, a, w, residual, scale_a, scale_w):
+        self.calls.append("skinny_gemm_residual")
+        self.ref.skinny_gemm_residual(a, w, residual, scale_a=scale_a, scale_w=scale_w)
+
+
+def _family_models(family):
     cfgs = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
     model = _tiny(*cfgs[family]).float()
     stock = _tiny(*cfgs[family]).float()
     stock.load_state_dict(model.state_dict())
+    return model.to(torch.bfloat16), stock.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("path", ["public", "traced"])
+def test_patched_decode_wiring_against_the_stock_model(monkeypatch, family, fp8, path):
+    """Prefill (stock code: more rows than the decode kernels take) then decode steps through the patched
+    forwards, with the ops replaced by torch references: logits stay close to the stock model's. `public`: the
+    ops as rocjit.ops' public functions (eager); `traced`: as torch.ops.rocjit.* custom ops, the calls the
+    patched forwards make while torch.compile traces them."""
+    model, stock = _family_models(family)
     calls = []
     ref_ops = _ReferenceOps()
 
@@ -216,10 +264,12 @@ def test_patched_decode_wiring_against_the_stock_model(monkeypatch, family, fp8)
             fn = getattr(ref_ops, name)
             return lambda *a, **k: (calls.append(name), fn(*a, **k))[1]
 
-    monkeypatch.setattr(rt, "_ops", lambda: Recorder())
+    if path == "public":
+        monkeypatch.setattr(rt, "_ops", lambda: Recorder())
+    else:
+        monkeypatch.setattr(rt, "_ops", lambda: rt._TRACED_OPS)
+        monkeypatch.setattr(rt, "_custom_ops", lambda: _ReferenceCustomOps(calls))
     monkeypatch.setattr(rt, "_on_device", lambda t: True)
-    model = model.to(torch.bfloat16)
-    stock = stock.to(torch.bfloat16)
     rt.patch(model, fp8=fp8)
     ids = torch.randint(0, 100, (1, 40))          # 40 rows > 32: the prefill runs the model's own MLP / attention
     with torch.no_grad():
@@ -243,3 +293,36 @@ def test_patched_decode_wiring_against_the_stock_model(monkeypatch, family, fp8)
         assert calls.count("skinny_gemm_residual") == 3 * layers
     else:
         assert "quantize_fp8" not in calls and calls.count("skinny_gemm_residual") == 3 * layers
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_traced_ops_compile_fullgraph_against_the_stock_model(monkeypatch, fp8):
+    """torch.compile(fullgraph=True) over StaticCache traces the patched decode through _TracedOps (the custom ops
+    stood in for by the torch references, the kernels' CPU-free wiring): the compiled steps' logits stay close to
+    the stock model's, fed the same tokens."""
+    model, stock = _family_models("llama")
+    calls = []
+    monkeypatch.setattr(rt, "_ops", lambda: rt._TRACED_OPS)
+    monkeypatch.setattr(rt, "_custom_ops", lambda: _ReferenceCustomOps(calls))
+    monkeypatch.setattr(rt, "_on_device", lambda t: True)
+    rt.patch(model, fp8=fp8)
+    ids = torch.randint(0, 100, (1, 40), generator=torch.Generator().manual_seed(2))
+    toks = torch.randint(0, 100, (3, 1, 1), generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            ref_cache = transformers.DynamicCache(config=stock.config)
+            stock(input_ids=ids, past_key_values=ref_cache, use_cache=True)
+            ref = torch.stack([stock(input_ids=t, past_key_values=ref_cache, use_cache=True).logits[:, -1]
+                               for t in toks]).float()
+            cache = transformers.StaticCache(config=model.config, max_cache_len=48)
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            step = torch.compile(lambda t, p: model(input_ids=t, past_key_values=cache, cache_position=p,
+                                                    use_cache=True).logits, fullgraph=True, backend="eager")
+            calls.clear()
+            got = torch.stack([step(t, torch.tensor([40 + i]))[:, -1] for i, t in enumerate(toks)]).float()
+    finally:
+        torch._dynamo.reset()
+    assert "skinny_gemm_residual" in calls and ("quantize_fp8" in calls) == fp8
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < (0.08 if fp8 else 0.02), err

@@ -122,10 +122,12 @@ def test_patched_forward_falls_back_where_gradients_are_needed():
     rt.unpatch(model)
 
 
-def test_static_cache_and_torch_compile_fullgraph():
+@pytest.mark.parametrize("fp8", [False, True])
+def test_static_cache_and_torch_compile_fullgraph(fp8):
+    """Compiled decode steps (the ops traced as torch.ops.rocjit.* custom ops) against the float32 stock model."""
     model = _model("llama", seed=1)
     ids = torch.randint(0, 1000, (1, 8), device="cuda", generator=torch.Generator("cuda").manual_seed(5))
-    rt.patch(model)
+    rt.patch(model, fp8=fp8)
     cache = transformers.StaticCache(config=model.config, max_cache_len=64)
     with torch.no_grad():
         model(input_ids=ids, past_key_values=cache, use_cache=True)
@@ -138,7 +140,7 @@ def test_static_cache_and_torch_compile_fullgraph():
             logits = step(tok, pos)
             seq = torch.cat([seq, tok], 1)
             ref = _reference_logits(model_stock_copy(model), seq)[:, -1:]
-            assert _rel(logits, ref) < 0.03
+            assert _rel(logits, ref) < (0.35 if fp8 else 0.03)
             tok = logits.argmax(-1)
     rt.unpatch(model)
 
