@@ -53,13 +53,28 @@ def kernel_config(rows, d, dtype, qmode, fmt, is_aligned, info: dict):
             C.ceil_div(rows * tiles, block // threads), block, tiles)
 
 
+def _check(name, xt, scale):
+    C.check_tensor(name, "gate_up", xt, dtypes=C.half_dtypes())
+    if xt.dim() < 1 or xt.shape[-1] % 2:
+        raise ValueError(f"{name}: gate_up must be [..., 2*d] with an even last dimension, got {tuple(xt.shape)}")
+    if not xt.is_cuda:
+        raise ValueError(f"{name}: gate_up must be on a GPU, got {xt.device}")
+    if scale is not None:
+        C.check_scale(name, scale, xt.device)
+
+
 def _custom_op():
     """(impl, fake) of torch.ops.rocjit.swiglu."""
     tm = C.torch()
     Tensor = tm.Tensor
 
     def impl(gate_up: Tensor, scale: Optional[Tensor], quant: str, fmt: str) -> tuple[Tensor, Tensor]:
-        y, scales = _run(UNRECORDED, gate_up, scale, None if quant == "none" else quant, fmt, None)
+        q = None if quant == "none" else quant
+        if C.resolve_quant("swiglu", scale, q, gate_up.device)[1] != q or fmt not in C.FP8_FORMATS:
+            raise ValueError(f"swiglu: quant {quant!r} with scale {scale!r} / fp8 format {fmt!r} is not a valid "
+                             "combination")
+        _check("swiglu", gate_up, scale)
+        y, scales = _run(UNRECORDED, gate_up, scale, q, fmt, None)
         return y, scales if scales is not None else gate_up.new_empty((0,), dtype=tm.float32)
 
     def fake(gate_up, scale, quant, fmt):
@@ -80,13 +95,7 @@ def swiglu(call, gate_up, *, scale=None, quant=None, out=None, fp8_format=None):
     xt, fw = C.to_torch(gate_up, "gate_up", name)
     ot = C.torch_or_none(out, "out", name)
     scale, quant = C.resolve_quant(name, scale, quant, xt.device)
-    C.check_tensor(name, "gate_up", xt, dtypes=C.half_dtypes())
-    if xt.dim() < 1 or xt.shape[-1] % 2:
-        raise ValueError(f"{name}: gate_up must be [..., 2*d] with an even last dimension, got {tuple(xt.shape)}")
-    if not xt.is_cuda:
-        raise ValueError(f"{name}: gate_up must be on a GPU, got {xt.device}")
-    if scale is not None:
-        C.check_scale(name, scale, xt.device)
+    _check(name, xt, scale)
     fmt = C.fp8_format(fp8_format, xt.device) if quant else "e4m3fn"
     if C.compiling():
         y, scales = swiglu.__rocjit_op__.torch_op()(xt, scale, quant or "none", fmt)

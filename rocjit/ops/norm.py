@@ -77,7 +77,12 @@ def _custom_op():
 
     def impl(x: Tensor, weight: Tensor, eps: float, residual: Optional[Tensor], scale: Optional[Tensor],
              quant: str, fmt: str) -> tuple[Tensor, Tensor]:
-        y, scales = _run(UNRECORDED, x, weight, eps, residual, scale, None if quant == "none" else quant, fmt, None)
+        q = None if quant == "none" else quant
+        if C.resolve_quant("rms_norm", scale, q, x.device)[1] != q or fmt not in C.FP8_FORMATS:
+            raise ValueError(f"rms_norm: quant {quant!r} with scale {scale!r} / fp8 format {fmt!r} is not a valid "
+                             "combination")
+        _check("rms_norm", x, weight, residual, scale)
+        y, scales = _run(UNRECORDED, x, weight, float(eps), residual, scale, q, fmt, None)
         return y, scales if scales is not None else x.new_empty((0,), dtype=tm.float32)
 
     def fake(x, weight, eps, residual, scale, quant, fmt):

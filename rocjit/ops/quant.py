@@ -31,14 +31,21 @@ def _kernel(name):
 
 def _prepare(op, x, fp8_format, block=BLOCK, two_d=False):
     xt, fw = C.to_torch(x, "x", op)
-    C.check_tensor(op, "x", xt, dtypes=C.half_dtypes())
-    if not xt.is_cuda:
-        raise ValueError(f"{op}: x must be on a GPU, got {xt.device}")
-    if xt.dim() < 1 or (two_d and xt.dim() != 2):
-        raise ValueError(f"{op}: x must be {'2-D [M, K]' if two_d else '[..., K]'}, got shape {tuple(xt.shape)}")
+    _check_x(op, xt, two_d)
     if block != BLOCK:
         raise ValueError(f"{op}: block must be {BLOCK} (the kernels' block size), got {block}")
     return xt, fw, C.fp8_format(fp8_format, xt.device)
+
+
+def _check_x(op, xt, two_d=False, fmt=None):
+    """What every quantizer needs of x (the public functions and the torch custom ops alike)."""
+    if fmt is not None:
+        C.fp8_format(fmt, None)
+    C.check_tensor(op, "x", xt, dtypes=C.half_dtypes())
+    if xt.dim() < 1 or (two_d and xt.dim() != 2):
+        raise ValueError(f"{op}: x must be {'2-D [M, K]' if two_d else '[..., K]'}, got shape {tuple(xt.shape)}")
+    if not xt.is_cuda:
+        raise ValueError(f"{op}: x must be on a GPU, got {xt.device}")
 
 
 def _scale_shape(mode, rows, K):
@@ -136,6 +143,11 @@ def _quantize_op():
     Tensor = tm.Tensor
 
     def impl(x: Tensor, scale: Optional[Tensor], mode: str, fmt: str) -> tuple[Tensor, Tensor]:
+        if mode not in ("static", "tensor", "token", "block") or (mode == "static") != (scale is not None):
+            raise ValueError(f"quantize_fp8: mode {mode!r} with scale {scale!r} is not a valid combination")
+        _check_x("quantize_fp8", x, fmt=fmt)
+        if scale is not None:
+            C.check_scale("quantize_fp8", scale, x.device)
         q, s = _quantize(UNRECORDED, x, scale, mode, fmt)
         return q, (scale.clone() if mode == "static" else s)
 
@@ -153,6 +165,7 @@ def _weight_op():
     Tensor = tm.Tensor
 
     def impl(w: Tensor, fmt: str, transposed: bool) -> tuple[Tensor, Tensor, Tensor]:
+        _check_x("quantize_fp8_weight", w, two_d=True, fmt=fmt)
         q, s, *t = _weight(UNRECORDED, w, fmt, transposed)      # no transposed copy: an empty third output
         return q, s, (t[0] if t else w.new_empty((0,), dtype=q.dtype))
 
@@ -170,6 +183,7 @@ def _dual_op():
     Tensor = tm.Tensor
 
     def impl(x: Tensor, fmt: str, transpose_col: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        _check_x("quantize_fp8_dual", x, two_d=True, fmt=fmt)
         return _dual(x, fmt, transpose_col=transpose_col)
 
     def fake(x, fmt, transpose_col):

@@ -279,6 +279,7 @@ def _swiglu_custom_op():
 
     def impl(a: Tensor, w: Tensor, scale_a: Optional[Tensor], scale_w: Optional[Tensor], scale: Optional[Tensor],
              intermediate: int, out_dtype: str, fmt: str) -> Tensor:
+        _check_swiglu(a, w, scale_a, scale_w, scale, intermediate, getattr(tm, out_dtype), None, fmt)
         return _run_swiglu(UNRECORDED, a, w, scale_a, scale_w, scale, intermediate, getattr(tm, out_dtype), fmt, None)
 
     def fake(a, w, scale_a, scale_w, scale, intermediate, out_dtype, fmt):
