@@ -68,6 +68,15 @@ def resolve_quant(op: str, scale, quant, device):
     return scale, quant
 
 
+def custom_op_quant(op: str, scale, quant: str, fmt: str, device):
+    """The kernels' quant (None, 'static', 'per_token') of a fused op's torch custom op arguments, whose quant is a
+    string ('none' for None): raises where the public function would have refused the combination."""
+    q = None if quant == "none" else quant
+    if resolve_quant(op, scale, q, device)[1] != q or fmt not in FP8_FORMATS:
+        raise ValueError(f"{op}: quant {quant!r} with scale {scale!r} / fp8 format {fmt!r} is not a valid combination")
+    return q
+
+
 def check_scale(op: str, scale, device) -> None:
     """A static FP8 scale: one float32 element on the op's device."""
     check_tensor(op, "scale", scale, dtypes=(torch().float32,), device=device)

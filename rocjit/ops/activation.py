@@ -69,10 +69,7 @@ def _custom_op():
     Tensor = tm.Tensor
 
     def impl(gate_up: Tensor, scale: Optional[Tensor], quant: str, fmt: str) -> tuple[Tensor, Tensor]:
-        q = None if quant == "none" else quant
-        if C.resolve_quant("swiglu", scale, q, gate_up.device)[1] != q or fmt not in C.FP8_FORMATS:
-            raise ValueError(f"swiglu: quant {quant!r} with scale {scale!r} / fp8 format {fmt!r} is not a valid "
-                             "combination")
+        q = C.custom_op_quant("swiglu", scale, quant, fmt, gate_up.device)
         _check("swiglu", gate_up, scale)
         y, scales = _run(UNRECORDED, gate_up, scale, q, fmt, None)
         return y, scales if scales is not None else gate_up.new_empty((0,), dtype=tm.float32)

@@ -417,16 +417,19 @@ def _fast_run(entry, a, a_scale, b, b_scale, layout):
     return _tma_run(launcher, c, a.data_ptr(), lda, b.data_ptr(), ldb, box_a, sa, sb, M, N, K, sb_rows, smem)
 
 
+def _fast_eligible(a, a_scale, b, b_scale, out):
+    return out is None and type(a) is type(b) is type(a_scale) is type(b_scale) is C.torch().Tensor and a.is_cuda
+
+
 def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
-    key = None
-    if out is None and type(a) is type(b) is type(a_scale) is type(b_scale) is C.torch().Tensor and a.is_cuda:
-        key = _fast_key(a, a_scale, b, b_scale, layout, out_dtype, bool(trans_c))
-        entry = _FAST.get(key)
+    if _FAST and _fast_eligible(a, a_scale, b, b_scale, out):     # (no key work where no TMA launch was kept)
+        entry = _FAST.get(_fast_key(a, a_scale, b, b_scale, layout, out_dtype, bool(trans_c)))
         if entry is not None:
             call.forget()
             return _fast_run(entry, a, a_scale, b, b_scale, layout)
     M, N, K, sb_rows, od, shape = _check(a, a_scale, b, b_scale, layout, out_dtype, out, trans_c)
     target = _device_check(a)
+    keep = _fast_eligible(a, a_scale, b, b_scale, out)   # a TMA launch of this call may serve its repeats
     if out is None:
         out = call.empty(shape, od, a.device)
     if M == 0 or N == 0:
@@ -451,11 +454,12 @@ def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
         a_km_arg = a_km
     b_km_arg = b if own_b and layout[1] == "T" else b_km
     y = _launch(cfg, out, a_km_arg, b_km_arg, sa, sb, M, N, K, sb_rows, bool(trans_c), call)
-    if key is not None and cfg.get("kernel") == "tma" and own_a and own_b \
+    if keep and cfg.get("kernel") == "tma" and own_a and own_b \
             and not tune.capturing():                   # (under capture the config may be a default)
         vec_out = (M if trans_c else N) % 8 == 0         # new outputs are aligned
         if len(_FAST) >= 1024:
             _FAST.clear()
+        key = _fast_key(a, a_scale, b, b_scale, layout, out_dtype, bool(trans_c))
         _FAST[key] = (_tma_kernel(cfg, out.dtype, sb_rows, bool(trans_c), vec_out, M, N, out.device.index or 0), od,
                       shape, M, N, K, a_km.stride(0), b_km.stride(0), cfg["bm"] // cfg["cluster"], sb_rows,
                       smem_bytes(cfg))

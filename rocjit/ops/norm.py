@@ -77,10 +77,7 @@ def _custom_op():
 
     def impl(x: Tensor, weight: Tensor, eps: float, residual: Optional[Tensor], scale: Optional[Tensor],
              quant: str, fmt: str) -> tuple[Tensor, Tensor]:
-        q = None if quant == "none" else quant
-        if C.resolve_quant("rms_norm", scale, q, x.device)[1] != q or fmt not in C.FP8_FORMATS:
-            raise ValueError(f"rms_norm: quant {quant!r} with scale {scale!r} / fp8 format {fmt!r} is not a valid "
-                             "combination")
+        q = C.custom_op_quant("rms_norm", scale, quant, fmt, x.device)
         _check("rms_norm", x, weight, residual, scale)
         y, scales = _run(UNRECORDED, x, weight, float(eps), residual, scale, q, fmt, None)
         return y, scales if scales is not None else x.new_empty((0,), dtype=tm.float32)
