@@ -132,3 +132,17 @@ def test_native_fp8_table():
     assert C.fp8_max("e4m3fn") == 448.0 and C.fp8_max("e4m3fnuz") == 240.0
     with pytest.raises(ValueError, match="fp8 format must be one of"):
         C.fp8_format("e5m2", None)
+
+
+@pytest.mark.parametrize("wave,sms", [(32, 132), (64, 304), (64, 80)])
+@pytest.mark.parametrize("B,hq,hkv,S,L,D", [(1, 32, 8, 1, 72, 128), (1, 32, 8, 1, 8192, 128), (8, 32, 8, 1, 1024, 128),
+                                            (3, 28, 4, 1, 517, 128), (1, 64, 8, 4, 1000, 128), (2, 8, 1, 2, 300, 256),
+                                            (1, 8, 2, 5, 61, 96), (64, 32, 8, 1, 100000, 64), (1, 4, 4, 1, 0, 8)])
+def test_decode_attention_config_covers_every_key_and_row(B, hq, hkv, S, L, D, wave, sms):
+    from rocjit.ops.attention import kernel_config
+    k_rows, groups, warps, unroll, per_split, nsplit = kernel_config(B, hq, hkv, S, L, D, wave, sms)
+    assert k_rows * groups >= (hq // hkv) * S and k_rows <= 4 and (k_rows * (groups - 1)) < (hq // hkv) * S
+    assert per_split * nsplit >= L and per_split * (nsplit - 1) < max(L, 1)       # every key, no empty split
+    assert warps * wave <= 1024 and warps * k_rows * D <= 8192                    # the kernel's static limits
+    assert 1 <= unroll <= (3 if wave == 32 else 2)                                # registers (checked instantiations)
+    assert nsplit == 1 or B * hkv * groups * nsplit <= max(sms, B * hkv * groups)  # at most one block per SM

@@ -197,6 +197,20 @@ class _ReferenceOps:
         return residual
 
 
+    def decode_attention(self, q, k, v, mask=None, *, scale, causal=False):
+        assert q.dim() == 4 and k.shape == v.shape and q.shape[1] % k.shape[1] == 0 and isinstance(scale, float)
+        g = q.shape[1] // k.shape[1]
+        S, L = q.shape[2], k.shape[2]
+        s = q.float() @ k.float().repeat_interleave(g, 1).transpose(-1, -2) * scale
+        if mask is not None:
+            assert mask.shape[-1] == L
+            s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.float()
+        if causal:
+            s = s.masked_fill(torch.arange(L)[None, :] > (L - S + torch.arange(S))[:, None], float("-inf"))
+        p = torch.softmax(s, -1)
+        return (p @ v.float().repeat_interleave(g, 1)).transpose(1, 2).contiguous().to(q.dtype)
+
+
 class _ReferenceCustomOps:
     """torch.ops.rocjit.*'s signatures (the custom ops the patched forwards call while torch.compile traces) over
     the torch references, recording the op names."""
@@ -235,6 +249,11 @@ class _ReferenceCustomOps:
     def skinny_gemm_residual(self, a, w, residual, scale_a, scale_w):
         self.calls.append("skinny_gemm_residual")
         self.ref.skinny_gemm_residual(a, w, residual, scale_a=scale_a, scale_w=scale_w)
+
+    def decode_attention(self, q, k, v, mask, scale, causal):
+        assert isinstance(scale, float) and isinstance(causal, bool)
+        self.calls.append("decode_attention")
+        return self.ref.decode_attention(q, k, v, mask, scale=scale, causal=causal)
 
 
 def _family_models(family):
@@ -287,6 +306,7 @@ def test_patched_decode_wiring_against_the_stock_model(monkeypatch, family, fp8,
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < (0.08 if fp8 else 0.02), err
     layers = model.config.num_hidden_layers
+    assert calls.count("decode_attention") == 3 * layers        # the decode steps' attention
     if fp8:
         # decode: the input norm quantizes for the fused q/k/v GEMM (no separate quantize_fp8 but o_proj's)
         assert calls.count("quantize_fp8") == 3 * layers
@@ -323,6 +343,53 @@ def test_traced_ops_compile_fullgraph_against_the_stock_model(monkeypatch, fp8):
             got = torch.stack([step(t, torch.tensor([40 + i]))[:, -1] for i, t in enumerate(toks)]).float()
     finally:
         torch._dynamo.reset()
-    assert "skinny_gemm_residual" in calls and ("quantize_fp8" in calls) == fp8
+    assert "skinny_gemm_residual" in calls and ("quantize_fp8" in calls) == fp8 and "decode_attention" in calls
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < (0.08 if fp8 else 0.02), err
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager", "other"])
+@pytest.mark.parametrize("attention", [True, False])
+def test_decode_attention_replaces_only_sdpa_and_eager(monkeypatch, impl, attention):
+    """The model's attention function is replaced by decode_attention only where it is transformers' own sdpa or
+    eager function (eager gets an additive mask, sdpa a boolean one or none) and patch(attention=True): logits
+    against the stock model with the same attention implementation, over a static cache (masked keys) and a
+    dynamic one."""
+    model, stock = _family_models("llama")
+    name = impl
+    if impl == "other":      # a function registered by a user: never replaced
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        AttentionInterface.register("rocjit_test_other", lambda *a, **k: sdpa_attention_forward(*a, **k))
+        name = "rocjit_test_other"
+    for m in (model, stock):
+        m.config._attn_implementation = name
+    calls = []
+    ref_ops = _ReferenceOps()
+
+    class Recorder:
+        def __getattr__(self, n):
+            fn = getattr(ref_ops, n)
+            return lambda *a, **k: (calls.append(n), fn(*a, **k))[1]
+
+    monkeypatch.setattr(rt, "_ops", lambda: Recorder())
+    monkeypatch.setattr(rt, "_on_device", lambda t: True)
+    rt.patch(model, attention=attention)
+    ids = torch.randint(0, 100, (1, 20), generator=torch.Generator().manual_seed(5))
+    toks = torch.randint(0, 100, (3, 1, 1), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        for make in (lambda m: transformers.DynamicCache(config=m.config),
+                     lambda m: transformers.StaticCache(config=m.config, max_cache_len=31)):
+            outs = []
+            for m in (stock, model):
+                cache = make(m)
+                m(input_ids=ids, past_key_values=cache, use_cache=True)
+                outs.append(torch.stack([m(input_ids=t, past_key_values=cache, cache_position=torch.tensor([20 + i]),
+                                           use_cache=True).logits[:, -1] for i, t in enumerate(toks)]).float())
+            ref, got = outs
+            assert ((got - ref).norm() / ref.norm()).item() < 0.02
+    used = calls.count("decode_attention")
+    # per layer, both caches: the prefill (20 tokens, within max_m) and 3 decode steps; but sdpa's static-cache
+    # prefill gets no mask and is_causal over a 31-key cache (top-left causal): the model's function runs it
+    want = {"sdpa": 7, "eager": 8, "other": 0}[impl] * model.config.num_hidden_layers
+    assert used == (want if attention else 0), used

@@ -19,6 +19,11 @@ Rows (every peer measured in the same run):
   each step included) and pipelined (pipelined_us: tokens stay on the GPU, one synchronize at the end).
 - hf_module_norm / hf_module_mlp: the eager time per call of LlamaRMSNorm and LlamaMLP on one token, stock and
   patched (wall time of back-to-back calls, synchronized at the end).
+- attn_decode: ops.decode_attention at Llama-3-8B heads (32 query / 8 key-value heads, head_dim 128, bf16), one query
+  token per sequence, B sequences over L cached keys (a boolean mask with every key visible), CUDA-graph replays,
+  against torch's scaled_dot_product_attention given the key / value heads already repeated to 32 (as
+  transformers' sdpa path does before calling it; the repeat is not timed): with the mask (the memory-efficient
+  backend, what a masked decode step runs) and without (flash). floor_us: K and V read once at copy bandwidth.
 - eager_host_<op>: host µs per repeated eager call of each op against its torch eager equivalent and against raw
   rocjit launches of empty kernels with the same parameters as each launch the op makes (the `raw_launches` peer,
   the sum over its launches) and their ratio ours / raw (the goal: <= 1.5). ours_out_us: the same call
@@ -264,7 +269,16 @@ def _eager_host(result, quick):
         sc = xf.abs().amax(-1, keepdim=True) / 448.0
         return (xf / sc).clamp(-448.0, 448.0).to(f8), sc
 
+    aq = torch.randn(1, 32, 1, 128, device=dev).to(bf)
+    ak, av = (torch.randn(1, 8, 80, 128, device=dev).to(bf) for _ in range(2))
+    am = torch.ones(1, 1, 1, 80, dtype=torch.bool, device=dev)
+    o_att = torch.empty(1, 1, 32, 128, device=dev, dtype=bf)
     cases = [
+        ("decode_attention", "llama8b_l80", (1, 32, 8, 80, 128), "bfloat16",
+         lambda: ops.decode_attention(aq, ak, av, am),
+         {"torch_sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(aq, ak, av, attn_mask=am,
+                                                                                 enable_gqa=True)},
+         lambda: ops.decode_attention(aq, ak, av, am, out=o_att)),
         ("rms_norm", "add_rmsnorm_fp8", (1, 4096), "bfloat16", lambda: ops.rms_norm(x, w, 1e-6, residual=r, scale=s),
          {"torch_eager": norm_eager}, lambda: ops.rms_norm(x, w, 1e-6, residual=r, scale=s, out=o_norm)),
         ("swiglu", "swiglu_fp8", (1, 14336), "bfloat16", lambda: ops.swiglu(gu, scale=s),
@@ -320,6 +334,31 @@ def _eager_host(result, quick):
                         ratio_out_vs_raw=(ours_out / t["raw_launches"]) if raws and ours_out else None)
         print(row, flush=True)
     del w_up, w_dn, w8, wv
+    torch.cuda.empty_cache()
+
+
+def _attention(result, quick):
+    import torch
+    import torch.nn.functional as F
+    import rocjit.ops as ops
+    bf = torch.bfloat16
+    cases = [(1, 80), (1, 1024), (1, 8192), (8, 1024), (8, 8192)] if not quick else [(1, 80), (8, 1024)]
+    for B, L in cases:
+        q = torch.randn(B, 32, 1, 128, device="cuda").to(bf)
+        k, v = (torch.randn(B, 8, L, 128, device="cuda").to(bf) for _ in range(2))
+        mask = torch.ones(B, 1, 1, L, dtype=torch.bool, device="cuda")
+        kr, vr = k.repeat_interleave(4, 1), v.repeat_interleave(4, 1)
+        ref = F.scaled_dot_product_attention(q.float(), kr.float(), vr.float()).transpose(1, 2)
+        got = ops.decode_attention(q, k, v, mask)
+        t_ours = H.time_graph([lambda: ops.decode_attention(q, k, v, mask)])
+        peers = {"torch_sdpa_masked": H.time_graph([lambda: F.scaled_dot_product_attention(q, kr, vr,
+                                                                                          attn_mask=mask)]),
+                 "torch_sdpa_flash": H.time_graph([lambda: F.scaled_dot_product_attention(q, kr, vr)])}
+        row = H.add_row(result, "attn_decode", (B, 32, 8, L, 128), "bfloat16", t_ours, peers,
+                        H.floor_us(2 * k.numel() * 2, result["ceilings"]), rel_err=_rel(got.float(), ref),
+                        speedup_vs_sdpa_masked=peers["torch_sdpa_masked"] / t_ours)
+        print(row, flush=True)
+        del q, k, v, kr, vr, mask
     torch.cuda.empty_cache()
 
 
@@ -467,6 +506,7 @@ def run(argv) -> dict:
     result = H.new_result("decode", H.measure_ceilings(matmul=False))
     _eager_host(result, quick)
     _chains(result, quick)
+    _attention(result, quick)
     try:
         import transformers  # noqa: F401
     except ImportError:

@@ -17,9 +17,11 @@ self_attn, post_attention_layernorm and a SwiGLU mlp):
   ``swiglu``, and ``skinny_gemm`` for down; more tokens (prefill) use the model's own code;
 - each attention, for at most ``max_m`` tokens: q, k and v in one ``skinny_gemm`` over their weights stored as one
   [q + k + v, H] matrix (q_proj / k_proj / v_proj weights become views of it), then the model's own rotary
-  embedding, cache update, attention function (eager / sdpa / flash, sliding windows included) and o_proj; a
-  transformers version whose attention forward differs from the one this was written against keeps its own
-  attention (with a warning);
+  embedding and cache update, ``ops.decode_attention`` over the cache where the model's attention function is
+  transformers' sdpa or eager one (one kernel instead of the mask / layout kernels and SDPA; see
+  _decode_attention for when the model's function runs instead: flash, other registrations, attention weights
+  asked for), and o_proj; a transformers version whose attention forward differs from the one this was written
+  against keeps its own attention (with a warning);
 - with ``fp8=True``: the MLP and the attention projections keep an FP8 copy of their weights (e4m3, one scale per
   output channel); at decode the post-attention norm writes FP8 activations with per-token scales that the gate/up
   GEMM reads directly, swiglu quantizes per token for down, the input norm writes FP8 rows with per-token scales
@@ -122,6 +124,10 @@ class _TracedOps:
     def skinny_gemm_residual(a, w, residual, *, scale_a=None, scale_w=None):
         _custom_ops().skinny_gemm_residual(_act(a), w, _in_place(residual), scale_a, scale_w)
         return residual
+
+    @staticmethod
+    def decode_attention(q, k, v, mask=None, *, scale, causal=False):
+        return _custom_ops().decode_attention(q, k, v, mask, float(scale), causal)
 
 
 _TRACED_OPS = _TracedOps()
@@ -244,12 +250,43 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
             past_key_values.update(k, v, self.layer_idx)
     interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                           mod.eager_attention_forward)
+    out = _decode_attention(self, ops, interface, q, k, v, attention_mask, kwargs) if p["attention"] else None
+    if out is not None:
+        return self.o_proj(out.view(*input_shape, -1)), None
     if p["sliding"]:
         kwargs["sliding_window"] = getattr(self, "sliding_window", getattr(self.config, "sliding_window", None))
     out, weights = interface(self, q, k, v, attention_mask, dropout=0.0 if not self.training else
                              self.attention_dropout, scaling=self.scaling, **kwargs)
     out = out.reshape(*input_shape, -1).contiguous()
     return self.o_proj(out), weights
+
+
+def _decode_attention(self, ops, interface, q, k, v, mask, kwargs):
+    """``ops.decode_attention`` where it computes what the model's attention function would: transformers' own
+    sdpa or eager function (any other, e.g. flash or a user's registration, keeps running), no dropout, no
+    attention weights asked for, a mask that is None, boolean or additive in q's dtype. None: run the model's.
+    Sliding windows need nothing here: these two functions take the window from the mask, as this does."""
+    fns = self._rocjit_fns
+    if interface is not fns.sdpa_attention_forward and interface is not fns.eager_attention_forward:
+        return None
+    if self.training or kwargs.get("output_attentions"):
+        return None
+    torch = _torch()
+    S, L, D = q.shape[2], k.shape[2], q.shape[3]
+    causal = False
+    if mask is None:
+        if S > 1 and interface is fns.sdpa_attention_forward and getattr(self, "is_causal", True):
+            if S != L:          # sdpa's is_causal aligns the queries top-left; only S == L means the same here
+                return None
+            causal = True
+    elif mask.dim() != 4 or mask.dtype not in (torch.bool, q.dtype) or mask.shape[-1] < L:
+        return None
+    else:
+        mask = mask[:, :, :, :L]
+    if (q.dtype not in (torch.float16, torch.bfloat16) or D % 8 or D > 256 or q.shape[1] % k.shape[1]
+            or k.shape[3] != D or v.shape != k.shape or q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1):
+        return None
+    return ops.decode_attention(q, k, v, mask, scale=self.scaling, causal=causal)
 
 
 class _AttentionFunctions:
@@ -259,6 +296,11 @@ class _AttentionFunctions:
     def __init__(self, module):
         for n in _ATTN_NAMES:
             setattr(self, n, getattr(module, n))
+        try:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        except ImportError:
+            sdpa_attention_forward = None
+        self.sdpa_attention_forward = sdpa_attention_forward
 
 
 def _cache_arg(past_key_values, kwargs):
@@ -311,7 +353,7 @@ def _fusable_attention(attn) -> str | None:
     return None
 
 
-def _patch_attention(attn, fp8: bool, fmt, max_m: int):
+def _patch_attention(attn, fp8: bool, fmt, max_m: int, attention: bool):
     """Fused q/k/v for one attention: its projections' weights become views of one matrix."""
     torch = _torch()
     lins = [attn.q_proj, attn.k_proj, attn.v_proj]
@@ -323,7 +365,7 @@ def _patch_attention(attn, fp8: bool, fmt, max_m: int):
         off += n
     bias = torch.cat([m.bias for m in lins]).contiguous() if lins[0].bias is not None else None
     src = inspect.getsource(type(attn).forward)
-    p = {"qkv": qkv, "bias": bias, "sizes": sizes, "fp8": fp8, "fmt": fmt, "max_m": max_m,
+    p = {"qkv": qkv, "bias": bias, "sizes": sizes, "fp8": fp8, "fmt": fmt, "max_m": max_m, "attention": attention,
          "sliding": "sliding_window=" in src, "qk_norm": "self.q_norm(" in src,
          # newer transformers hand the attention's keyword arguments to the cache update too
          "update_kwargs": "self.layer_idx, kwargs=kwargs)" in src}
@@ -445,10 +487,11 @@ def is_patched(model) -> bool:
     return getattr(model, _ATTR, None) is not None
 
 
-def patch(model, *, fp8: bool = False, max_m: int | None = None):
+def patch(model, *, fp8: bool = False, max_m: int | None = None, attention: bool = True):
     """Patch `model` in place (see the module docstring) and return it. The model must be in float16 or bfloat16
     (move it to the GPU first: the FP8 copies are made where the weights are; calls whose inputs are not on a GPU
-    run the stock code). Patching twice is an error; ``unpatch`` first."""
+    run the stock code). Patching twice is an error; ``unpatch`` first. ``attention=False`` keeps the model's
+    attention function (sdpa / eager) where ``ops.decode_attention`` would replace it."""
     torch = _torch()
     from rocjit.ops import skinny
     if is_patched(model):
@@ -482,7 +525,7 @@ def patch(model, *, fp8: bool = False, max_m: int | None = None):
             attn = layer.self_attn
             why = _fusable_attention(attn)
             if why is None:
-                _patch_attention(attn, fp8, fmt, max_m)
+                _patch_attention(attn, fp8, fmt, max_m, attention)
                 patched.append(attn)
             elif not warned:
                 warnings.warn(f"rocjit: the attention keeps its own forward (q, k, v not fused): {why}", stacklevel=2)

@@ -1,0 +1,173 @@
+"""Decode attention against a key / value cache, grouped-query heads (kernels_src/decode_attention.hip).
+
+    out = decode_attention(q, k, v)                  # q [B, Hq, S, D]; k, v [B, Hkv, L, D] -> out [B, S, Hq, D]
+    out = decode_attention(q, k, v, mask)            # bool (True: attend) or additive in q's dtype, broadcastable
+                                                     # to [B, Hq, S, L]
+    out = decode_attention(q, k, v, causal=True)     # query s of S sees keys 0 .. L - S + s
+
+softmax(q kᵀ · scale + mask) v in fp32, ``scale`` 1/sqrt(D) unless given; Hq a multiple of Hkv (query head h reads
+key / value head h // (Hq / Hkv)). Written for few query rows per sequence (decode, speculative steps): each
+block reads a key / value head once for all the query rows that share it, and long caches are split across
+blocks whose partial softmaxes a second kernel merges. q, k and v may have any strides with a contiguous last
+dimension (a static cache's tensors, a transposed q); the output is contiguous [B, S, Hq, D], which an output
+projection reads as [B, S, Hq * D]. Rows whose keys are all masked get zeros. D is a multiple of 8, at most 256.
+"""
+from typing import Optional
+
+from rocjit.ops import _common as C
+from rocjit.ops._op import UNRECORDED, op
+
+_SRC = "decode_attention.hip"
+_MAX_STRIDE = 2 ** 31 - 1
+
+
+def _check(name, q, k, v, mask):
+    C.check_tensor(name, "q", q, dtypes=C.half_dtypes(), dim=4, contiguous=False)
+    if not q.is_cuda:
+        raise ValueError(f"{name}: q must be on a GPU, got {q.device}")
+    B, Hq, S, D = q.shape
+    C.check_tensor(name, "k", k, dtypes=(q.dtype,), dim=4, device=q.device, contiguous=False)
+    C.check_tensor(name, "v", v, dtypes=(q.dtype,), dim=4, device=q.device, contiguous=False)
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"{name}: k must be [B, Hkv, L, D] = [{B}, Hkv, L, {D}] for q {tuple(q.shape)}, "
+                         f"got {tuple(k.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"{name}: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    hkv = k.shape[1]
+    if hkv == 0 or Hq % hkv:
+        raise ValueError(f"{name}: q's {Hq} heads must be a multiple of k's {hkv} key / value heads")
+    if D % 8 or not 8 <= D <= 256:
+        raise ValueError(f"{name}: the head dimension must be a multiple of 8 in 8..256, got {D}")
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(3) != 1 and t.shape[3] > 1:
+            raise ValueError(f"{name}: {n} must have a contiguous last dimension, got strides {t.stride()}")
+    if mask is not None:
+        C.check_tensor(name, "mask", mask, dtypes=(C.torch().bool, q.dtype), device=q.device, contiguous=False)
+        want = (B, Hq, S, k.shape[2])
+        if mask.dim() > 4 or any(m not in (1, w) for m, w in zip(mask.shape[::-1], want[::-1])):
+            raise ValueError(f"{name}: mask must broadcast to [B, Hq, S, L] = {list(want)}, got {tuple(mask.shape)}")
+    for n, t in (("q", q), ("k", k), ("v", v), ("mask", mask)):
+        if t is not None and any(abs(s) > _MAX_STRIDE for s in t.stride()):
+            raise ValueError(f"{name}: {n} has a stride past 2^31 - 1 elements: {t.stride()}")
+
+
+def _strides(t):
+    """t's strides over its first three dimensions, 0 along those of size 1 (never stepped, so a call's plan
+    does not depend on them)."""
+    return tuple(0 if n == 1 else st for n, st in zip(t.shape[:3], t.stride()[:3]))
+
+
+def _mask_strides(mask):
+    """mask's strides over [B, Hq, S, L] (0 along the dimensions it broadcasts)."""
+    if mask is None:
+        return (0, 0, 0, 0)
+    pad = 4 - mask.dim()
+    return tuple(0 if d < pad or mask.shape[d - pad] == 1 else mask.stride(d - pad) for d in range(4))
+
+
+def kernel_config(B, hq, hkv, S, L, D, wave: int, sms: int):
+    """(rows per block, row groups, waves per block, keys in flight per lane group, keys per split, splits).
+    A block holds up to 4 query rows of one key / value head (more take several row groups) and 512 threads (fewer
+    where the waves' partial results would pass 32 KB of shared memory): at a short cache every wave has only a
+    few keys, since the block's waves are all its SM has to hide latency with (H100, 72 keys: 4 waves of 16 keys
+    each took 12.6 us in a compiled Llama step). Caches longer than two block-iterations are split across blocks,
+    up to one block per SM (a 512-thread block's registers fill it)."""
+    rows = (hq // hkv) * S
+    k_rows = min(C.next_pow2(rows), 4)
+    groups = C.ceil_div(rows, k_rows)
+    warps = min(512 // wave, 16, 1 << (8192 // (k_rows * D)).bit_length() - 1)
+    max_unroll = 3 if wave <= 32 else 2     # what 512 threads' registers hold without spilling (checked in CI)
+    step = warps * (wave // C.next_pow2(D // 8))          # keys a block takes per key in flight per lane group
+    L1 = max(L, 1)
+    nsplit = 1 if L1 <= 2 * max_unroll * step else max(1, min(C.ceil_div(L1, step), sms // (B * hkv * groups)))
+    per_split = C.ceil_div(L1, nsplit)
+    unroll = min(max_unroll, C.ceil_div(per_split, step))
+    return k_rows, groups, warps, unroll, per_split, C.ceil_div(L1, per_split)
+
+
+def _run(call, q, k, v, mask, scale, causal, out):
+    tm = C.torch()
+    B, hq, S, D = q.shape
+    hkv, L = k.shape[1], k.shape[2]
+    shape = (B, S, hq, D)
+    if out is None:
+        out = call.empty(shape, q.dtype, q.device)
+    else:
+        C.check_tensor("decode_attention", "out", out, dtypes=(q.dtype,), shape=shape, device=q.device)
+    if out.numel() == 0:
+        return out
+    if B * hkv >= 2 ** 31:
+        raise ValueError(f"decode_attention: {B} x {hkv} sequence heads are too many for one launch")
+    dev = q.device.index or 0
+    info = C.device_info(dev)
+    k_rows, groups, warps, unroll, per_split, nsplit = kernel_config(B, hq, hkv, S, L, D, info["wave"],
+                                                                     info["sms"])
+    ttype = C.kernel_type(q.dtype)
+    strides = _strides(q) + _strides(k) + _strides(v)
+    is_aligned = C.aligned(q, k, v) and all(st % 8 == 0 for st in strides)
+    kmask = 0 if mask is None else 1 if mask.dtype == tm.bool else 2
+    if kmask == 2:
+        unroll = min(unroll, 2)         # an additive mask's values take registers too
+    mod = C.module(_SRC)
+    kern = mod[f"decode_attention_kernel<{ttype}, {D}, {k_rows}, {kmask}, {C.cbool(is_aligned)}, {warps}, {unroll}>"]
+    dummy = call.const(C.dummy_f32(dev))
+    if nsplit > 1:
+        part = call.empty((B * hq * S * nsplit * D,), tm.float32, q.device)
+        part_ml = call.empty((B * hq * S * nsplit * 2,), tm.float32, q.device)
+    else:
+        part = part_ml = dummy
+    args = []
+    for t in (q, k, v, mask if mask is not None else dummy):
+        if not t.is_contiguous():       # a strided view goes by address: no plan can name it (nor replay it)
+            call.forget()
+            t = t.data_ptr()
+        args.append(t)
+    call.launch(kern, (B * hkv, nsplit, groups), warps * info["wave"], out, part, part_ml, *args,
+                hkv, hq // hkv, S, L, per_split, *strides, *_mask_strides(mask), scale * 1.4426950408889634,
+                int(causal))
+    if nsplit > 1:
+        call.launch(mod[f"decode_attention_combine<{ttype}, {D}>"], B * hq * S, D, out, part, part_ml, hq, S,
+                    nsplit)
+    return out
+
+
+def _scale(name, scale, D) -> float:
+    if scale is None:
+        return float(D) ** -0.5
+    return scale if type(scale) is float else C.check_float(name, "scale", scale)
+
+
+def _custom_op():
+    """(impl, fake) of torch.ops.rocjit.decode_attention."""
+    tm = C.torch()
+    Tensor = tm.Tensor
+
+    def impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool) -> Tensor:
+        _check("decode_attention", q, k, v, mask)
+        return _run(UNRECORDED, q, k, v, mask, float(scale), bool(causal), None)
+
+    def fake(q, k, v, mask, scale, causal):
+        B, hq, S, D = q.shape
+        return q.new_empty((B, S, hq, D))
+
+    return impl, fake
+
+
+@op(roles="TTTTOOT", sources=(_SRC,), bench="decode", custom_op=_custom_op)
+def decode_attention(call, q, k, v, mask=None, *, scale=None, causal=False, out=None):
+    """softmax(q kᵀ · scale + mask) v for q [B, Hq, S, D] against k, v [B, Hkv, L, D]: out [B, S, Hq, D]."""
+    name = "decode_attention"
+    qt, fw = C.to_torch(q, "q", name)
+    kt = C.to_torch(k, "k", name)[0]
+    vt = C.to_torch(v, "v", name)[0]
+    mt = C.torch_or_none(mask, "mask", name)
+    ot = C.torch_or_none(out, "out", name)
+    _check(name, qt, kt, vt, mt)
+    if type(causal) is not bool:
+        raise TypeError(f"{name}: causal must be a bool, got {type(causal).__name__}")
+    sc = _scale(name, scale, qt.shape[3])
+    if C.compiling():
+        y = C.into_out(decode_attention.__rocjit_op__.torch_op()(qt, kt, vt, mt, sc, causal), ot)
+    else:
+        y = _run(call, qt, kt, vt, mt, sc, causal, ot)
+    return call.done(C.to_caller(y, out, fw))

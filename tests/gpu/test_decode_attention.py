@@ -1,0 +1,180 @@
+"""Decode attention on the GPU against a float64 reference: random data, poisoned outputs, every element checked,
+grouped-query heads, masks, causal rows, split caches, strided inputs, graphs and torch.compile."""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+from rocjit import ops  # noqa: E402
+from rocjit.ops import attention as A  # noqa: E402
+from rocjit.ops import _common as C  # noqa: E402
+
+TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def rand(shape, dtype):
+    return torch.randn(shape, dtype=torch.float32, device="cuda").to(dtype)
+
+
+def reference(q, k, v, mask=None, scale=None, causal=False):
+    """float64 on the host: [B, S, Hq, D]."""
+    q, k, v = (t.detach().double().cpu() for t in (q, k, v))
+    B, hq, S, D = q.shape
+    g = hq // k.shape[1]
+    L = k.shape[2]
+    k = k.repeat_interleave(g, dim=1)
+    v = v.repeat_interleave(g, dim=1)
+    s = (q @ k.transpose(-1, -2)) * (D ** -0.5 if scale is None else scale)
+    if mask is not None:
+        m = mask.cpu()
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.double()
+    if causal:
+        allowed = torch.arange(L)[None, :] <= (L - S + torch.arange(S))[:, None]
+        s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    p = torch.nan_to_num(p, nan=0.0)         # rows with every key masked: zeros, as the op documents
+    return (p @ v).transpose(1, 2).numpy()
+
+
+def check(got, ref, dtype):
+    got = got.detach().double().cpu().numpy()
+    assert got.shape == ref.shape
+    assert np.isfinite(got).all()
+    err = np.abs(got - ref)
+    tol = TOL[dtype] * (1 + np.abs(ref))
+    assert (err <= tol).all(), f"max err {err.max()} (ref {ref.flat[err.argmax()]})"
+
+
+def poisoned(B, S, hq, D, dtype):
+    return torch.full((B, S, hq, D), float("nan"), dtype=dtype, device="cuda")
+
+
+CASES = [  # B, Hq, Hkv, S, L, D
+    (1, 32, 8, 1, 80, 128),       # Llama-8B decode over a short static cache
+    (1, 32, 8, 1, 4099, 128),     # long cache: split across blocks, a partial last split
+    (3, 28, 4, 1, 517, 128),      # Qwen2-7B's 7 query heads per key / value head (a padded row group)
+    (2, 16, 16, 3, 133, 64),      # multi-head, three query rows
+    (1, 8, 2, 5, 61, 96),         # a head dimension that is not a power of two
+    (2, 8, 1, 2, 300, 256),       # multi-query, the largest head dimension
+    (1, 64, 8, 4, 1000, 128),     # 32 rows per key / value head: several row groups
+    (1, 4, 4, 1, 1, 128),         # one key
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+def test_against_float64(case, dtype):
+    B, hq, hkv, S, L, D = case
+    torch.manual_seed(hash(case) % 1000)
+    q, k, v = rand((B, hq, S, D), dtype), rand((B, hkv, L, D), dtype), rand((B, hkv, L, D), dtype)
+    out = ops.decode_attention(q, k, v, out=poisoned(B, S, hq, D, dtype))
+    check(out, reference(q, k, v), dtype)
+    got = ops.decode_attention(q, k, v)                     # allocated output (a second call replays a plan)
+    check(got, reference(q, k, v), dtype)
+    check(ops.decode_attention(q, k, v, causal=True), reference(q, k, v, causal=True), dtype)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_masks_broadcast_and_strided_inputs(kind):
+    dtype = torch.bfloat16
+    B, hq, hkv, S, L, D = 2, 32, 8, 2, 700, 128
+    # q as the model makes it: [B, S, Hq, D] transposed; k / v slices of a larger static cache
+    q = rand((B, S, hq, D), dtype).transpose(1, 2)
+    cache_k, cache_v = rand((B, hkv, L + 37, D), dtype), rand((B, hkv, L + 37, D), dtype)
+    k, v = cache_k[:, :, :L], cache_v[:, :, :L]
+    valid = torch.rand((B, 1, S, L), device="cuda") > 0.3
+    if kind == "bool":
+        valid[1, :, 1] = False                              # one row sees no key at all: zeros
+    mask = valid if kind == "bool" else torch.where(valid, rand((B, 1, S, L), dtype) * 0.5,
+                                                    torch.tensor(torch.finfo(dtype).min, dtype=dtype, device="cuda"))
+    ref = reference(q, k, v, mask=mask.expand(B, hq, S, L) if kind == "bool" else mask)
+    out = ops.decode_attention(q, k, v, mask, out=poisoned(B, S, hq, D, dtype))
+    check(out, ref, dtype)
+    if kind == "bool":
+        assert (out[1, 1] == 0).all()
+    # a per-head mask, and a mask without leading dimensions
+    mh = torch.rand((B, hq, S, L), device="cuda") > 0.5
+    check(ops.decode_attention(q, k, v, mh), reference(q, k, v, mask=mh), dtype)
+    m2 = torch.rand((S, L), device="cuda") > 0.5
+    check(ops.decode_attention(q, k, v, m2), reference(q, k, v, mask=m2.expand(B, hq, S, L)), dtype)
+
+
+def test_unaligned_inputs_and_scale():
+    dtype = torch.float16
+    base = rand((1 * 8 * 1 * 64 + 3,), dtype)
+    q = base[3:].view(1, 8, 1, 64)                          # not 16-byte aligned
+    k, v = rand((1, 2, 45, 64), dtype), rand((1, 2, 45, 64), dtype)
+    check(ops.decode_attention(q, k, v, scale=0.3), reference(q, k, v, scale=0.3), dtype)
+
+
+def test_split_configs_agree():
+    """Every split count the host could pick gives the same result (the merge is exact up to rounding)."""
+    dtype = torch.bfloat16
+    q, k, v = rand((1, 32, 1, 128), dtype), rand((1, 8, 2000, 128), dtype), rand((1, 8, 2000, 128), dtype)
+    ref = reference(q, k, v)
+    real = A.kernel_config
+    try:
+        for n in (1, 2, 5, 31):
+            def fixed(B, hq, hkv, S, L, D, wave, sms, n=n):
+                k_rows, groups, warps, unroll, _, _ = real(B, hq, hkv, S, L, D, wave, sms)
+                per = C.ceil_div(L, n)
+                return k_rows, groups, warps, unroll, per, C.ceil_div(L, per)
+            A.kernel_config = fixed
+            check(A._run(A.UNRECORDED, q, k, v, None, 128 ** -0.5, False, None), ref, dtype)
+    finally:
+        A.kernel_config = real
+
+
+def test_cuda_graph_replays_on_new_data():
+    dtype = torch.bfloat16
+    q, k, v = rand((1, 32, 1, 128), dtype), rand((1, 8, 3000, 128), dtype), rand((1, 8, 3000, 128), dtype)
+    mask = torch.rand((1, 1, 1, 3000), device="cuda") > 0.2
+    ops.decode_attention(q, k, v, mask)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ops.decode_attention(q, k, v, mask)
+    for t in (q, k, v):
+        t.copy_(rand(t.shape, dtype))
+    mask.copy_(torch.rand((1, 1, 1, 3000), device="cuda") > 0.6)
+    out.fill_(float("nan"))
+    g.replay()
+    check(out, reference(q, k, v, mask=mask.expand(1, 32, 1, 3000)), dtype)
+
+
+def test_torch_compile_fullgraph():
+    dtype = torch.bfloat16
+    q, k, v = rand((1, 32, 1, 128), dtype), rand((1, 8, 77, 128), dtype), rand((1, 8, 77, 128), dtype)
+    mask = torch.rand((1, 1, 1, 77), device="cuda") > 0.2
+
+    def f(q, k, v, mask):
+        return ops.decode_attention(q * 1.0, k, v, mask, scale=0.1).reshape(1, 1, -1) + 0
+
+    got = torch.compile(f, fullgraph=True)(q, k, v, mask)
+    check(got.view(1, 1, 32, 128), reference(q, k, v, mask=mask.expand(1, 32, 1, 77), scale=0.1), dtype)
+
+
+def test_errors_name_the_argument():
+    dtype = torch.bfloat16
+    q, k, v = rand((1, 32, 1, 128), dtype), rand((1, 8, 9, 128), dtype), rand((1, 8, 9, 128), dtype)
+    with pytest.raises(ValueError, match="heads must be a multiple"):
+        ops.decode_attention(q, rand((1, 5, 9, 128), dtype), rand((1, 5, 9, 128), dtype))
+    with pytest.raises(ValueError, match="v must have k's shape"):
+        ops.decode_attention(q, k, rand((1, 8, 10, 128), dtype))
+    with pytest.raises(TypeError, match="k must have dtype"):
+        ops.decode_attention(q, k.half(), v)
+    with pytest.raises(ValueError, match="mask must broadcast"):
+        ops.decode_attention(q, k, v, torch.ones((1, 1, 1, 10), dtype=torch.bool, device="cuda"))
+    with pytest.raises(TypeError, match="mask must have dtype"):
+        ops.decode_attention(q, k, v, torch.ones((1, 1, 1, 9), dtype=torch.float32, device="cuda"))
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        ops.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v)
+    with pytest.raises(ValueError, match="head dimension"):
+        ops.decode_attention(rand((1, 8, 1, 12), dtype), rand((1, 8, 3, 12), dtype), rand((1, 8, 3, 12), dtype))
+    with pytest.raises(ValueError, match="out must have shape"):
+        ops.decode_attention(q, k, v, out=poisoned(1, 1, 32, 64, dtype))
+    with pytest.raises(ValueError, match="q must be on a GPU"):
+        ops.decode_attention(q.cpu(), k.cpu(), v.cpu())
+    with pytest.raises(ValueError, match="k is on"):
+        ops.decode_attention(q, k.cpu(), v)
