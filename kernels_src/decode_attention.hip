@@ -41,24 +41,13 @@ template <int kD> struct layout {
     static constexpr int kKeysPerWave = kWaveSize / kLanes;
 };
 
-template <bool kAligned, class T>
-ROCJIT_INLINE chunk_t<T> load8(const T* p) {
-    if constexpr (kAligned) {
-        return load_vec<kChunk>(p);
-    } else {
-        chunk_t<T> c;
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) c[i] = p[i];
-        return c;
-    }
-}
 }  // namespace attn
 
 template <class T, int kD, int kRows, int kMask, bool kAligned, int kWarps, int kUnroll>
 __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
         T* out, float* part, float* part_ml, const T* q, const T* k, const T* v, const void* mask, int kv_heads,
         int group_size, int S, int L, int keys_per_split, int qb, int qh, int qs, int kb, int kh, int kl, int vb,
-        int vh, int vl, int mb, int mh, int ms, int ml, float scale_log2, int causal) {
+        int vh, int vl, int mb, int mh, int ms, int ml, float scale, int causal) {
     using namespace attn;
     typedef layout<kD> Lay;
     static_assert(kRows <= 4 && kUnroll <= 8, "at most 4 query rows and 8 keys per lane group in flight");
@@ -85,11 +74,12 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
         const int r = min(row0 + i, rows - 1);   // rows past the last repeat it; never stored
         const int g = r / S, s = r % S, h = hkv * group_size + g;
         chunk_t<T> c = zero_chunk<T>();
-        if (has_col) c = load8<kAligned>(q + (long long)b * qb + (long long)h * qh + (long long)s * qs + col);
+        const T* qrow = q + (long long)b * qb + (long long)h * qh + (long long)s * qs + col;
+        if (has_col) c = load_chunk<kAligned>(qrow, 0, kChunk);
         chunk_to_float(c, qf[i]);
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-            qf[i][j] *= scale_log2;
+            qf[i][j] *= scale * kLog2e;
             acc[i][j] = 0.0f;
         }
         m[i] = kNoScore;
@@ -111,8 +101,8 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
             kc[u] = zero_chunk<T>();
             vc[u] = zero_chunk<T>();
             if (key < l_end && has_col) {
-                kc[u] = load8<kAligned>(kp + (long long)key * kl);
-                vc[u] = load8<kAligned>(vp + (long long)key * vl);
+                kc[u] = load_chunk<kAligned>(kp + (long long)key * kl, 0, kChunk);
+                vc[u] = load_chunk<kAligned>(vp + (long long)key * vl, 0, kChunk);
             }
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {

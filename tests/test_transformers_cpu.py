@@ -211,6 +211,17 @@ class _ReferenceOps:
         return (p @ v.float().repeat_interleave(g, 1)).transpose(1, 2).contiguous().to(q.dtype)
 
 
+class _Recorder:
+    """The torch reference ops as rocjit.ops' public functions, recording each op name called."""
+
+    def __init__(self, calls):
+        self.ref, self.calls = _ReferenceOps(), calls
+
+    def __getattr__(self, name):
+        fn = getattr(self.ref, name)
+        return lambda *a, **k: (self.calls.append(name), fn(*a, **k))[1]
+
+
 class _ReferenceCustomOps:
     """torch.ops.rocjit.*'s signatures (the custom ops the patched forwards call while torch.compile traces) over
     the torch references, recording the op names."""
@@ -276,15 +287,9 @@ def test_patched_decode_wiring_against_the_stock_model(monkeypatch, family, fp8,
     patched forwards make while torch.compile traces them."""
     model, stock = _family_models(family)
     calls = []
-    ref_ops = _ReferenceOps()
-
-    class Recorder:
-        def __getattr__(self, name):
-            fn = getattr(ref_ops, name)
-            return lambda *a, **k: (calls.append(name), fn(*a, **k))[1]
-
     if path == "public":
-        monkeypatch.setattr(rt, "_ops", lambda: Recorder())
+        recorder = _Recorder(calls)
+        monkeypatch.setattr(rt, "_ops", lambda: recorder)
     else:
         monkeypatch.setattr(rt, "_ops", lambda: rt._TRACED_OPS)
         monkeypatch.setattr(rt, "_custom_ops", lambda: _ReferenceCustomOps(calls))
@@ -365,14 +370,8 @@ def test_decode_attention_replaces_only_sdpa_and_eager(monkeypatch, impl, attent
     for m in (model, stock):
         m.config._attn_implementation = name
     calls = []
-    ref_ops = _ReferenceOps()
-
-    class Recorder:
-        def __getattr__(self, n):
-            fn = getattr(ref_ops, n)
-            return lambda *a, **k: (calls.append(n), fn(*a, **k))[1]
-
-    monkeypatch.setattr(rt, "_ops", lambda: Recorder())
+    recorder = _Recorder(calls)
+    monkeypatch.setattr(rt, "_ops", lambda: recorder)
     monkeypatch.setattr(rt, "_on_device", lambda t: True)
     rt.patch(model, attention=attention)
     ids = torch.randint(0, 100, (1, 20), generator=torch.Generator().manual_seed(5))

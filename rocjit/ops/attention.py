@@ -123,8 +123,7 @@ def _run(call, q, k, v, mask, scale, causal, out):
             t = t.data_ptr()
         args.append(t)
     call.launch(kern, (B * hkv, nsplit, groups), warps * info["wave"], out, part, part_ml, *args,
-                hkv, hq // hkv, S, L, per_split, *strides, *_mask_strides(mask), scale * 1.4426950408889634,
-                int(causal))
+                hkv, hq // hkv, S, L, per_split, *strides, *_mask_strides(mask), scale, int(causal))
     if nsplit > 1:
         call.launch(mod[f"decode_attention_combine<{ttype}, {D}>"], B * hq * S, D, out, part, part_ml, hq, S,
                     nsplit)
