@@ -35,7 +35,8 @@ def test_patch_replaces_norms_layers_mlps_and_unpatch_restores(fp8):
     assert names.count("LlamaRMSNorm") == 5              # 2 per layer + the final norm
     assert names.count("LlamaDecoderLayer") == 2 and names.count("LlamaMLP") == 2
     assert names.count("LlamaAttention") == 2            # q, k, v from one GEMM
-    assert names.count("Linear") == (2 if fp8 else 0)    # o_proj per layer (FP8)
+    assert names.count("Linear") == (3 if fp8 else 1)    # lm_head; o_proj per layer (FP8)
+    assert _swapped(model.lm_head) and model.lm_head._rocjit_patch == {"max_m": 32}
     attn = model.model.layers[0].self_attn
     qkv = attn._rocjit_patch["qkv"]
     assert attn.q_proj.weight.data_ptr() == qkv.data_ptr()
@@ -114,7 +115,7 @@ def test_an_attention_of_unknown_shape_keeps_its_forward():
     with pytest.warns(UserWarning, match="q, k, v not fused.*does not contain"):
         rt.patch(model, fp8=True)
     names = _overridden(model)
-    assert "OtherAttention" not in names and names.count("Linear") == 8    # q, k, v, o each FP8 on its own
+    assert "OtherAttention" not in names and names.count("Linear") == 9    # q, k, v, o each FP8 on its own; lm_head
     rt.unpatch(model)
 
 
@@ -312,6 +313,8 @@ def test_patched_decode_wiring_against_the_stock_model(monkeypatch, family, fp8,
     assert err < (0.08 if fp8 else 0.02), err
     layers = model.config.num_hidden_layers
     assert calls.count("decode_attention") == 3 * layers        # the decode steps' attention
+    # per step and layer: q/k/v and gate/up (and o_proj in FP8); per step: lm_head
+    assert calls.count("skinny_gemm") == 3 * (layers * (3 if fp8 else 2) + 1)
     if fp8:
         # decode: the input norm quantizes for the fused q/k/v GEMM (no separate quantize_fp8 but o_proj's)
         assert calls.count("quantize_fp8") == 3 * layers
@@ -351,6 +354,24 @@ def test_traced_ops_compile_fullgraph_against_the_stock_model(monkeypatch, fp8):
     assert "skinny_gemm_residual" in calls and ("quantize_fp8" in calls) == fp8 and "decode_attention" in calls
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < (0.08 if fp8 else 0.02), err
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_stock_fallback_compiles_fullgraph(grad):
+    """Where a patched module runs the model's own forward (here: inputs on the CPU; on a GPU: grad mode on, e.g. a
+    compiled step called without torch.no_grad), torch.compile(fullgraph=True) traces that path too, and its
+    logits are the stock model's."""
+    model, stock = _family_models("llama")
+    rt.patch(model, fp8=True)
+    ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(4))
+    torch._dynamo.reset()
+    try:
+        with torch.set_grad_enabled(grad):
+            ref = stock(input_ids=ids).logits.float()
+            got = torch.compile(lambda t: model(input_ids=t).logits, fullgraph=True, backend="eager")(ids).float()
+    finally:
+        torch._dynamo.reset()
+    assert got.shape == ref.shape and torch.equal(got, ref)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager", "other"])

@@ -26,7 +26,10 @@ self_attn, post_attention_layernorm and a SwiGLU mlp):
   output channel); at decode the post-attention norm writes FP8 activations with per-token scales that the gate/up
   GEMM reads directly, swiglu quantizes per token for down, the input norm writes FP8 rows with per-token scales
   for the fused q/k/v GEMM, and o_proj quantizes its input per token. The bf16 weights stay (prefill uses them, and
-  ``unpatch`` gives the model back unchanged).
+  ``unpatch`` gives the model back unchanged);
+- the output projection to the vocabulary (``lm_head``, a bias-free Linear, tied to the embeddings or not), for at
+  most ``max_m`` tokens: ``skinny_gemm`` over its weight as it is (bf16 / fp16 in both modes: the logits are not
+  quantized).
 Anything that needs gradients (``requires_grad`` inputs with grad enabled) runs the stock code. Under
 torch.compile the patched forwards call the ops as ``torch.ops.rocjit.*`` custom ops directly (see _TracedOps:
 fewer guards for the compiled model to evaluate on every call).
@@ -178,7 +181,7 @@ def _fp8_format(device) -> str:
 # ----------------------------------------------------------------------------- forwards
 def _norm_forward(self, hidden_states):
     if _grad(hidden_states) or not _on_device(hidden_states):
-        return _stock_forward(self)(hidden_states)
+        return _stock_forward(self, hidden_states)
     # the model may normalize a view (Qwen3's q_norm / k_norm get per-head views of the projections' output)
     return _ops().rms_norm(hidden_states.contiguous(), self.weight, self._rocjit_eps)
 
@@ -186,7 +189,7 @@ def _norm_forward(self, hidden_states):
 def _mlp_forward(self, x):
     p = getattr(self, _ATTR)
     if _stock(x, p["max_m"]):
-        return _stock_forward(self)(x)
+        return _stock_forward(self, x)
     ops = _ops()
     x2 = _rows(x)
     if p["fp8"]:
@@ -209,11 +212,19 @@ def _gate_up_fp8(p, q, s):
 def _linear_fp8_forward(self, x):
     p = getattr(self, _ATTR)
     if _stock(x, p["max_m"]):
-        return _stock_forward(self)(x)
+        return _stock_forward(self, x)
     q, s = _quant_rows(_rows(x), p["fmt"])
     y = _ops().skinny_gemm(q, p["w"], scale_a=s, scale_w=p["scale"], out_dtype=x.dtype)
     if self.bias is not None:
         y = y + self.bias
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _linear_forward(self, x):
+    """A bias-free Linear in the model's dtype (the output projection to the vocabulary) on skinny_gemm."""
+    if _stock(x, getattr(self, _ATTR)["max_m"]):
+        return _stock_forward(self, x)
+    y = _ops().skinny_gemm(_rows(x), self.weight)
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -224,7 +235,7 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
     pre = kwargs.pop(_FP8_INPUT, None)     # (FP8 rows, per-row scales) of hidden_states from the layer's norm
     past_key_values = _cache_arg(past_key_values, kwargs)
     if _stock(hidden_states, p["max_m"]):
-        return _stock_forward(self)(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+        return _stock_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
     ops = _ops()
     mod = self._rocjit_fns         # the model module's helpers (a class attribute of the patched subclass)
     input_shape = hidden_states.shape[:-1]
@@ -380,8 +391,8 @@ def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     p = getattr(self, _ATTR)
     past_key_values = _cache_arg(past_key_values, kwargs)
     if _grad(hidden_states) or not _on_device(hidden_states):
-        return _stock_forward(self)(hidden_states, attention_mask, position_ids, past_key_values, use_cache,
-                         position_embeddings, **kwargs)
+        return _stock_forward(self, hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+                              position_embeddings, **kwargs)
     ops = _ops()
     ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
     x2 = _rows(hidden_states)
@@ -472,9 +483,10 @@ def _swap_forward(m, forward, **class_attrs):
     m.__class__ = sub
 
 
-def _stock_forward(m):
-    """The model's own forward of a patched module (its class's, as a bound method)."""
-    return type(m)._rocjit_base.forward.__get__(m)
+def _stock_forward(m, *args, **kwargs):
+    """Calls the model's own forward of a patched module (its class's). A plain call of the class's function,
+    which torch.compile traces (it cannot trace a bound method made with function.__get__)."""
+    return type(m)._rocjit_base.forward(m, *args, **kwargs)
 
 
 def _unswap_forward(m) -> None:
@@ -546,6 +558,12 @@ def patch(model, *, fp8: bool = False, max_m: int | None = None, attention: bool
             setattr(layer, _ATTR, {"attn_cache": "past_key_values" if why is None else _cache_param(type(attn))})
             _swap_forward(layer, _layer_forward)
             patched += [mlp, layer]
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if isinstance(head, torch.nn.Linear) and type(head) is torch.nn.Linear and head.bias is None and \
+                head.weight.dtype == p0.dtype and head.weight.is_contiguous():
+            setattr(head, _ATTR, {"max_m": max_m})
+            _swap_forward(head, _linear_forward)
+            patched.append(head)
     setattr(model, _ATTR, {"modules": patched, "fp8": fp8})
     return model
 

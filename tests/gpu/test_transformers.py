@@ -122,6 +122,23 @@ def test_patched_forward_falls_back_where_gradients_are_needed():
     rt.unpatch(model)
 
 
+def test_the_gradient_fallback_compiles_fullgraph():
+    """A compiled forward with gradients on (no torch.no_grad) runs the stock code of every patched module, traced
+    in one graph; its logits are the stock model's."""
+    model = _model("llama", seed=2)
+    rt.patch(model, fp8=True)
+    ids = torch.randint(0, 1000, (1, 6), device="cuda", generator=torch.Generator("cuda").manual_seed(6))
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(lambda t: model(input_ids=t).logits, fullgraph=True, backend="eager")(ids)
+    finally:
+        torch._dynamo.reset()
+    assert got.requires_grad
+    ref = model_stock_copy(model)(input_ids=ids).logits
+    assert torch.equal(got, ref)
+    rt.unpatch(model)
+
+
 @pytest.mark.parametrize("fp8", [False, True])
 def test_static_cache_and_torch_compile_fullgraph(fp8):
     """Compiled decode steps (the ops traced as torch.ops.rocjit.* custom ops) against the float32 stock model."""
