@@ -16,7 +16,9 @@ Rows (every peer measured in the same run):
   rocjit bf16 and rocjit FP8 (rocjit.integrations.transformers), eager (DynamicCache) and compiled (StaticCache +
   torch.compile(fullgraph=True, mode="reduce-overhead")); logits and greedy tokens are compared first. Two
   loops: synchronized after every token (ours_us / peers_us: what transformers' generate waits, host time of
-  each step included) and pipelined (pipelined_us: tokens stay on the GPU, one synchronize at the end).
+  each step included; host_step_us: the part until the step call returns, before which the GPU has nothing of the
+  step to run, so it adds to the synchronized time and moves with the host's speed) and pipelined (pipelined_us:
+  tokens stay on the GPU, one synchronize at the end).
 - hf_module_norm / hf_module_mlp: the eager time per call of LlamaRMSNorm and LlamaMLP on one token, stock and
   patched (wall time of back-to-back calls, synchronized at the end).
 - attn_decode: ops.decode_attention at Llama-3-8B heads (32 query / 8 key-value heads, head_dim 128, bf16), one query
@@ -400,7 +402,8 @@ class _Decoder:
             self.step = None
 
     def run(self, synced: bool = True):
-        """(per-step µs, greedy tokens, first-step logits). synced: a synchronize after every token (what
+        """(per-step µs, greedy tokens, first-step logits, host µs of the step call). host: the median time until
+        the step call returns (guards, graph launch, its host bookkeeping; synced only, else None). synced: a synchronize after every token (what
         transformers' generate does to test its stopping criteria), the median step; otherwise the tokens stay
         on the GPU and the host runs ahead (a serving loop), the mean over the steps with one synchronize at the
         end. Either way no output of a step is alive when the next one starts."""
@@ -422,19 +425,23 @@ class _Decoder:
             tok = logits[:, -1:].argmax(-1)
             first = logits[:, -1].float()
             del logits
-            toks, times = [tok], []
+            toks, times, host = [tok], [], []
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for i in range(self.steps):
                 t = time.perf_counter()
-                tok = fn(tok, pos[i])[:, -1:].argmax(-1)
+                logits = fn(tok, pos[i])
+                t1 = time.perf_counter()
+                tok = logits[:, -1:].argmax(-1)
+                del logits
                 if synced:
                     torch.cuda.synchronize()
                     times.append((time.perf_counter() - t) * 1e6)
+                    host.append((t1 - t) * 1e6)
                 toks.append(tok)
             torch.cuda.synchronize()
             per_step = statistics.median(times[2:]) if synced else (time.perf_counter() - t0) * 1e6 / self.steps
-        return per_step, torch.cat(toks, 1)[0].tolist(), first
+        return per_step, torch.cat(toks, 1)[0].tolist(), first, statistics.median(host[2:]) if synced else None
 
 
 def _hf(result, quick):
@@ -456,6 +463,7 @@ def _hf(result, quick):
         torch._dynamo.reset()
         decs = {k: _Decoder(m, ids, steps, compiled) for k, m in models.items()}
         times = {(k, sync): [] for k in decs for sync in (True, False)}
+        hosts = {k: [] for k in decs}
         first = {}
         for k, d in decs.items():           # warm-up (compilation, graph capture, tuning) and the outputs
             d.run()
@@ -463,9 +471,12 @@ def _hf(result, quick):
         for _ in range(rounds):
             for sync in (True, False):
                 for k, d in decs.items():
-                    times[k, sync].append(d.run(sync)[0])
+                    r = d.run(sync)
+                    times[k, sync].append(r[0])
+                    if sync:
+                        hosts[k].append(r[3])
         t = {key: statistics.median(v) for key, v in times.items()}
-        (_, tok_stock, logit_stock), (_, tok_bf16, logit_bf16), (_, tok_fp8, logit_fp8) = \
+        (_, tok_stock, logit_stock, _), (_, tok_bf16, logit_bf16, _), (_, tok_fp8, logit_fp8, _) = \
             first["stock"], first["bf16"], first["fp8"]
         row = H.add_row(result, f"hf_{mode}", shape, "bfloat16", t["bf16", True],
                         {"stock": t["stock", True], "rocjit_fp8": t["fp8", True]}, None,
@@ -473,6 +484,7 @@ def _hf(result, quick):
                         speedup_bf16_vs_stock=t["stock", True] / t["bf16", True],
                         speedup_fp8_vs_stock=t["stock", True] / t["fp8", True],
                         pipelined_us={k: t[k, False] for k in decs},
+                        host_step_us={k: statistics.median(v) for k, v in hosts.items()},
                         pipelined_speedup_bf16_vs_stock=t["stock", False] / t["bf16", False],
                         pipelined_speedup_fp8_vs_stock=t["stock", False] / t["fp8", False],
                         logits_rel_err_bf16=_rel(logit_bf16, logit_stock), logits_rel_err_fp8=_rel(logit_fp8, logit_stock),
