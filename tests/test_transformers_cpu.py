@@ -356,6 +356,26 @@ def test_traced_ops_compile_fullgraph_against_the_stock_model(monkeypatch, fp8):
     assert err < (0.08 if fp8 else 0.02), err
 
 
+def test_lm_head_is_patched_only_as_a_plain_bias_free_linear():
+    """A tied lm_head (the embedding's weight) is patched; a Linear subclass or one with a bias keeps its forward,
+    and unpatch restores the patched one."""
+    tied = _tiny(tie_word_embeddings=True)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    rt.patch(tied)
+    assert _swapped(tied.lm_head)
+    rt.unpatch(tied)
+    assert not _swapped(tied.lm_head) and "_rocjit_patch" not in tied.lm_head.__dict__
+
+    class Head(torch.nn.Linear):
+        pass
+    for head in (Head(64, 100, bias=False), torch.nn.Linear(64, 100, bias=True)):
+        model = _tiny()
+        model.lm_head = head.to(torch.bfloat16)
+        rt.patch(model)
+        assert not _swapped(model.lm_head)
+        rt.unpatch(model)
+
+
 @pytest.mark.parametrize("grad", [False, True])
 def test_the_stock_fallback_compiles_fullgraph(grad):
     """Where a patched module runs the model's own forward (here: inputs on the CPU; on a GPU: grad mode on, e.g. a

@@ -559,8 +559,9 @@ def patch(model, *, fp8: bool = False, max_m: int | None = None, attention: bool
             _swap_forward(layer, _layer_forward)
             patched += [mlp, layer]
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if isinstance(head, torch.nn.Linear) and type(head) is torch.nn.Linear and head.bias is None and \
-                head.weight.dtype == p0.dtype and head.weight.is_contiguous():
+        # a plain Linear only: subclasses (quantized, vocabulary-parallel...) compute something else
+        if type(head) is torch.nn.Linear and head.bias is None and head.weight.dtype == p0.dtype and \
+                head.weight.is_contiguous():
             setattr(head, _ATTR, {"max_m": max_m})
             _swap_forward(head, _linear_forward)
             patched.append(head)
