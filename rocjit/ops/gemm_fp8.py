@@ -422,14 +422,14 @@ def _fast_eligible(a, a_scale, b, b_scale, out):
 
 
 def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
-    if _FAST and _fast_eligible(a, a_scale, b, b_scale, out):     # (no key work where no TMA launch was kept)
+    keep = _fast_eligible(a, a_scale, b, b_scale, out)   # a TMA launch of this call may serve its repeats
+    if keep and _FAST:                                   # (no key work where no TMA launch was kept)
         entry = _FAST.get(_fast_key(a, a_scale, b, b_scale, layout, out_dtype, bool(trans_c)))
         if entry is not None:
             call.forget()
             return _fast_run(entry, a, a_scale, b, b_scale, layout)
     M, N, K, sb_rows, od, shape = _check(a, a_scale, b, b_scale, layout, out_dtype, out, trans_c)
     target = _device_check(a)
-    keep = _fast_eligible(a, a_scale, b, b_scale, out)   # a TMA launch of this call may serve its repeats
     if out is None:
         out = call.empty(shape, od, a.device)
     if M == 0 or N == 0:
