@@ -421,6 +421,137 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
     write_acc<EP>(acc, row0, make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo));
 }
 
+// FP8 (e4m3 / e4m3fnuz) C[M, N] = A[M, K] W[N, K]^T with blockwise scales, 1 x 128 on A and 128 x 128 on W:
+//   C[m, n] = sum over the 128-wide K blocks kb of (A W^T)_kb * sa[m * sa_m + kb * sa_k] * sw[(n / 128) * sw_n + kb * sw_k]
+// gemm_fp8_blockwise's layout NT for M <= 32 rows (decode), skinny_gemm_kernel's loads and work split.
+// Each pair of 64-byte k-blocks of a step (one 128-wide K block: UNROLL and kblocks_per_split even) multiplies into
+// fresh partials, added to the accumulators times the block's scales, which are loaded before the step's weights.
+// Rows of A and W are K bytes apart (K % 16 == 0; a K tail inside the last block is zero-filled). partial != nullptr:
+// the split's scaled sums go to partial[split][M][N] for skinny_splitk_reduce (scale_modes 0).
+// (Its own body, not skinny_gemm_kernel's with a switch: sharing one body cost the SwiGLU epilogue's builds 6 - 56
+// registers on sm_90a, and an occupancy step.)
+template <class OT, int MT, int NT, int WARPS_K, int UNROLL, int MINB>
+__launch_bounds__(WARPS_K * skinny::kWarp, MINB) __global__ void
+skinny_gemm_blockwise_kernel(const unsigned char* __restrict__ a, const unsigned char* __restrict__ w, OT* out,
+                             float* __restrict__ partial, const float* __restrict__ sa, const float* __restrict__ sw,
+                             int M, int N, int K, int kblocks_per_split, int ldo, int sa_m, int sa_k, int sw_n,
+                             int sw_k) {
+    using namespace skinny;
+    static_assert(UNROLL % 2 == 0 && 128 % (16 * MT) == 0, "whole 128-wide K blocks per step, rows in one scale block");
+    constexpr int kPairs = UNROLL / 2;
+    const int warp = threadIdx.x / kWarp;
+    const int row0 = blockIdx.x * (16 * MT);
+    const int nkb = (K + 63) / 64, nkbl = (K + 127) / 128;
+    const int kb_begin = blockIdx.y * kblocks_per_split;
+    const int kb_end = min(nkb, kb_begin + kblocks_per_split);
+    const unsigned char* wrow[MT][kRowsPerLane];
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int h = 0; h < kRowsPerLane; ++h) {
+            const int n = row0 + 16 * t + lane_row() + 8 * h;
+            wrow[t][h] = w + (size_t)(n < N ? n : 0) * K + lane_chunk() * 16;
+        }
+    const unsigned char* arow[NT];
+    bool a_live[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int m = kNTileRows * j + lane_row();
+        a_live[j] = m < M;
+        arow[j] = a + (size_t)(a_live[j] ? m : 0) * K + lane_chunk() * 16;
+    }
+    float acc[MT][NT][kAcc];
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < kAcc; ++r) acc[t][j][r] = 0.f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#if ROCJIT_HAS_PDL
+    for (int u = 0; u < UNROLL; ++u) {
+        const int kb = kb_begin + warp * UNROLL + u;
+        if (kb < kb_end && kb * 64 + lane_chunk() * 16 < K)
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int h = 0; h < kRowsPerLane; ++h) rocjit::prefetch_l2_early(wrow[t][h] + (size_t)kb * 64);
+    }
+    rocjit::grid_dependency_wait();
+#endif
+    for (int kb0 = kb_begin + warp * UNROLL; kb0 < kb_end; kb0 += WARPS_K * UNROLL) {
+        float bsw[kPairs], bsa[kPairs][NT][kAcc];         // the step's scales (rows >= M, blocks past K: 0)
+#pragma unroll
+        for (int p = 0; p < kPairs; ++p) {
+            const int kbl = kb0 / 2 + p;
+            const bool live = kb0 + 2 * p < kb_end && kbl < nkbl;
+            bsw[p] = live ? __ldg(sw + (size_t)(row0 / 128) * sw_n + (size_t)kbl * sw_k) : 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int r = 0; r < kAcc; ++r) {
+                    const int m = acc_arow(j, r);
+                    bsa[p][j][r] = live && m < M ? __ldg(sa + (size_t)m * sa_m + (size_t)kbl * sa_k) : 0.f;
+                }
+        }
+        uint4 wv[UNROLL][MT][kRowsPerLane];
+        uint4 av[UNROLL][NT];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int kb = kb0 + u;
+            const int k = kb * 64 + lane_chunk() * 16;
+            const bool live = kb < kb_end && k < K;
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int h = 0; h < kRowsPerLane; ++h)
+                    wv[u][t][h] = live ? load16_stream(wrow[t][h] + (size_t)kb * 64) : zero;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) av[u][j] = (live && a_live[j]) ? load16(arow[j] + (size_t)kb * 64) : zero;
+        }
+#pragma unroll
+        for (int p = 0; p < kPairs; ++p)
+#pragma unroll
+            for (int t = 0; t < MT; ++t)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    float part[kAcc] = {0.f, 0.f, 0.f, 0.f};
+                    mma_chunk<e4m3_t>(part, wv[2 * p][t], av[2 * p][j]);
+                    mma_chunk<e4m3_t>(part, wv[2 * p + 1][t], av[2 * p + 1][j]);
+#pragma unroll
+                    for (int r = 0; r < kAcc; ++r) acc[t][j][r] += part[r] * (bsw[p] * bsa[p][j][r]);
+                }
+    }
+    rocjit::launch_dependents();
+    constexpr int kVals = MT * NT * kAcc;
+    float* dst = &acc[0][0][0];
+    if (WARPS_K > 1) {   // fixed-order reduction of the warps, as skinny_gemm_kernel's
+        __shared__ float red[WARPS_K - 1 > 0 ? WARPS_K - 1 : 1][kVals][kWarp];
+        const int lane = threadIdx.x % kWarp;
+        if (warp > 0) {
+#pragma unroll
+            for (int v = 0; v < kVals; ++v) red[warp - 1][v][lane] = dst[v];
+        }
+        __syncthreads();
+        if (warp != 0) return;
+        for (int s = 0; s < WARPS_K - 1; ++s)
+#pragma unroll
+            for (int v = 0; v < kVals; ++v) dst[v] += red[s][v][lane];
+    }
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < kAcc; ++r) {
+                const int n = row0 + acc_wrow(t, r);
+                const int m = acc_arow(j, r);
+                if (n >= N || m >= M) continue;
+                if (partial) partial[((size_t)blockIdx.y * M + m) * N + n] = acc[t][j][r];
+                else store_out<OT>(out + (size_t)m * ldo + n, acc[t][j][r]);
+            }
+}
+
 // Output (m, col) = EP of (sum over splits s = 0, 1, ... of partial[s, m, n]) * scale_a[m] * scale_w[n]
 // (see scale_modes), one thread per output of the M x ldo result: the residual is added once, SwiGLU
 // sums its gate and up columns here.
@@ -912,6 +1043,11 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
 // rocjit:check skinny_stream_kernel<skinny::e4m3_t, unsigned char, 1, 1, 4, 512, 6, 4, skinny::ep_swiglu<rocjit::e4m3fn>>
 // rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 256, 5, 4, skinny::ep_residual>
 // rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 2, 8, 256, 5, 4, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_gemm_blockwise_kernel<__hip_bfloat16, 1, 1, 8, 2, 0>
+// rocjit:check skinny_gemm_blockwise_kernel<__hip_bfloat16, 2, 2, 4, 2, 0>
+// rocjit:check skinny_gemm_blockwise_kernel<__hip_bfloat16, 1, 1, 4, 4, 0>
+// rocjit:check skinny_gemm_blockwise_kernel<float, 1, 4, 8, 2, 0>
+// rocjit:check skinny_gemm_blockwise_kernel<float, 2, 4, 4, 2, 0>
 // rocjit:check skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 1, 4, 4, skinny::ep_store>
 // rocjit:check skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 2, 4, 2, skinny::ep_store>
 // rocjit:check skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 1, 8, 2, skinny::ep_residual>

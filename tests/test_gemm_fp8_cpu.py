@@ -215,3 +215,19 @@ def test_bench_times_a_shapes_implementations_in_alternating_rounds(monkeypatch)
     got = B._time_all({k: (lambda k=k: k) for k in "abc"}, 4096, None)
     assert calls == list("abc") + list("cba") + list("abc")
     assert got == {"a": 3.0, "b": 4.0, "c": 7.0}
+
+
+def test_decode_candidates_cover_small_m_on_nvidia_only():
+    """The decode kernel (rocjit.ops.skinny's matrix-core kernel with blockwise scales) is offered for M <= 32 rows
+    on NVIDIA with FP8 matrix cores, for B scales per 128 x 128 tile and C not transposed; its configs step over whole
+    128-wide K blocks (UNROLL even) without the 4-blocks-per-SM bound; the default is among them."""
+    for M in (1, 2, 5, 8, 9, 16, 17, 32):
+        cands = G.decode_candidates("sm_90a", M, 7168, 16384, 132, False, False)
+        assert len(cands) >= 4 and all(c["kernel"] == "skinny_mma" for c in cands), M
+        assert all(c["unroll"] % 2 == 0 and "minb" not in c for c in cands)
+        assert G.decode_default(M, 7168, 16384, 132, cands) in cands
+    assert G.decode_candidates("sm_89", 4, 7168, 16384, 128, False, False)
+    for args in (("sm_90a", 33, 7168, 16384, 132, False, False), ("sm_90a", 4, 7168, 16384, 132, True, False),
+                 ("sm_90a", 4, 7168, 16384, 132, False, True), ("sm_80", 4, 7168, 16384, 108, False, False),
+                 ("gfx942", 4, 7168, 16384, 304, False, False)):
+        assert G.decode_candidates(*args) == [], args

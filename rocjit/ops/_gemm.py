@@ -366,6 +366,40 @@ def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict
     return out
 
 
+def mma_blockwise_candidates(M: int, N: int, K: int, sms: int, target: str) -> list[dict]:
+    """skinny_gemm_blockwise_kernel configs (FP8, M <= 32): skinny_gemm_kernel's, less the 4-blocks-per-SM launch
+    bounds (its 128 registers spill the blockwise partials at 4 activation tiles)."""
+    return [c for c in mma_candidates(M, N, K, sms, 1, target) if "minb" not in c]
+
+
+def launch_mma_blockwise(a, w, out, sa, sw, M: int, N: int, K: int, cfg: dict, target: str, wave: int,
+                         call=UNRECORDED):
+    """C = A W^T with blockwise FP8 scales (skinny_gemm_blockwise_kernel): a [M, K] and w [N, K] FP8 (or their
+    uint8 views) with rows K bytes apart, K % 16 == 0; sa / sw (tensor, stride of a row, stride of a 128-wide K
+    block), sa per row of a, sw per 128 rows of w; out [M, N] contiguous. Grid split-K in whole 128-wide K blocks;
+    its scaled partials summed by skinny_splitk_reduce."""
+    nt = _m_tiles(M, target)
+    mt, wk, un, splits = cfg["mt"], cfg["warps_k"], cfg["unroll"], cfg["splits"]
+    nkb = -(-K // 64)
+    kb_per_split = -(-nkb // splits)
+    kb_per_split += kb_per_split % 2                 # splits start on a 128-wide K block
+    splits = -(-nkb // kb_per_split)
+    ldo = out.shape[-1]
+    name = f"skinny_gemm_blockwise_kernel<{ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, 0>"
+    grid = (-(-N // (16 * mt)), splits)
+    k = _kernel(SRC, name, hint_defines(cfg))
+    scales = (sa[0], sw[0], M, N, K, kb_per_split, ldo, sa[1], sa[2], sw[1], sw[2])
+    if splits == 1:
+        call.launch(k, grid, wk * wave, a, w, out, None, *scales)
+        return out
+    partial = call.const(_stream_workspace(a.device, splits * M * N))
+    call.bind_stream()
+    call.launch(k, grid, wk * wave, a, w, out, partial, *scales)
+    r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {EP_STORE}>")
+    call.launch(r, -(-(M * ldo) // 256), 256, partial, out, None, None, None, None, 0, M, N, splits, ldo)
+    return out
+
+
 def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int, call=UNRECORDED, *,
                ep: str = EP_STORE, residual=None, out_scale=None):
     """C = A W^T (* scales) with skinny_tma_kernel (sm_90a): the stream kernel's schedule and fix-up, the weights

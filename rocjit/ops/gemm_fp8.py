@@ -244,6 +244,10 @@ def _strided(s):
 
 def _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, call=UNRECORDED):
     """One kernel launch: a_km [M, K'] / b_km [N, K'] uint8 K-major, sa / sb (tensor, stride, stride)."""
+    if cfg.get("kernel") == "skinny_mma":
+        target = G._device(c.device.index or 0)[0]
+        return G.launch_mma_blockwise(a_km, b_km, c, sa, sb, M, N, b_km.shape[1], cfg, target,
+                                      G.targets.wave_size(target), call)
     vec_out = (M if trans_c else N) % 8 == 0 and C.aligned(c)
     flags = f"{C.cbool(K % BLOCK == 0)}, {C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}"
     if cfg.get("kernel") == "tma":
@@ -319,7 +323,7 @@ def src_hash() -> str:
     from rocjit.compiler import kernels_src_dir
     return tune.source_hash(kernels_src_dir() / SRC, kernels_src_dir() / "rocjit" / "mma_fp8.h",
                             kernels_src_dir() / SRC_SM90, kernels_src_dir() / "rocjit" / "wgmma.h",
-                            kernels_src_dir() / "rocjit" / "tma.h")
+                            kernels_src_dir() / "rocjit" / "tma.h", kernels_src_dir() / G.SRC)
 
 
 @functools.lru_cache(maxsize=None)
@@ -339,7 +343,7 @@ _CONFIGS: dict = {}
 
 def config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target):
     dev = c.device.index or 0
-    memo = (dev, M, N, K, sb_rows, a_km.dtype, c.dtype, tune.generation, tune.enabled(),
+    memo = (dev, M, N, K, sb_rows, trans_c, a_km.dtype, c.dtype, tune.generation, tune.enabled(),
             os.environ.get("ROCJIT_GEMM_FP8_TMA"), os.environ.get("ROCJIT_GEMM_FP8_SM90"))
     hit = _CONFIGS.get(memo)
     if hit is not None:
@@ -352,16 +356,42 @@ def config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target):
     return cfg
 
 
+def decode_candidates(target: str, M: int, N: int, K: int, sms: int, sb_rows: bool, trans_c: bool) -> list[dict]:
+    """Configs of skinny_gemm_blockwise_kernel ("kernel": "skinny_mma"; rocjit.ops.skinny's matrix-core kernel with
+    blockwise scales: lanes load the weights, grid split-K) for M <= DECODE_M rows, B scales per 128 x 128 tile, C
+    not transposed, on NVIDIA with FP8 matrix cores (sm_89+). At decode sizes the product is a stream of B's bytes,
+    which tiles of 64 or more rows of A leave to a few dozen blocks (H100, M = 1, 7168 x 16384: the wgmma kernel
+    71 us, this one 38.6, the bytes at copy bandwidth 39). (A stream-K variant through a shared-memory ring was
+    slower at every DeepSeek-V3 decode shape measured: 50 us there.)"""
+    if M > DECODE_M or sb_rows or trans_c or not (target.startswith("sm_") and G.has_matrix_path(target, True)):
+        return []
+    return [dict({k: v for k, v in c.items() if k != "path"}, kernel="skinny_mma")
+            for c in G.mma_blockwise_candidates(M, N, K, sms, target)]
+
+
+def decode_default(M: int, N: int, K: int, sms: int, cands: list[dict]) -> dict:
+    """skinny_gemm_kernel's built-in default shape, blockwise (rocjit.ops._gemm.mma_default)."""
+    d = G.mma_default(M, N, K, sms, 1)
+    want = dict({k: v for k, v in d.items() if k != "path"}, kernel="skinny_mma")
+    return want if want in cands else cands[0]
+
+
+DECODE_M = 32
+
+
 def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     _, devname, sms = G._device(dev)
-    cands = candidates(target, _smem_limit(dev))
-    default = default_config(M, N, sms, cands)
+    decode = decode_candidates(target, M, N, b_km.shape[1], sms, sb_rows, trans_c)
+    cands = decode + candidates(target, _smem_limit(dev))
+    default = decode_default(M, N, b_km.shape[1], sms, decode) if decode else default_config(M, N, sms, cands)
 
     def bench(cfg):
         return tune.time_gpu(lambda: _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c), warmup=2, reps=10)
 
     # per-row B scales (wgrad) are tuned apart: their promotion costs twice the multiplies, so the best tile differs
-    dtype = f"{a_km.dtype}-{G.ctype(c.dtype)}{'-sb_rows' if sb_rows else ''}".replace("torch.", "")
+    # and at decode sizes transposed stores too (the decode kernel does not write them: other candidates)
+    tc = "-trans_c" if trans_c and M <= DECODE_M else ""
+    dtype = f"{a_km.dtype}-{G.ctype(c.dtype)}{'-sb_rows' if sb_rows else ''}{tc}".replace("torch.", "")
     return tune.pick(NAME, bucket=tune_bucket(M, N, K), dtype=dtype, device=devname, src_hash=src_hash(),
                      candidates=cands, default=default, bench=bench, default_bucket=tune.bucket(m=M, n=N, k=K),
                      heat_s=HEAT_S)
@@ -482,7 +512,7 @@ def _custom_op():
     return impl, fake
 
 
-@op(roles="TTTTOOTO", sources=(SRC, SRC_SM90), bench="gemm_fp8", custom_op=_custom_op)
+@op(roles="TTTTOOTO", sources=(SRC, SRC_SM90, G.SRC), bench="gemm_fp8", custom_op=_custom_op)
 def gemm_fp8_blockwise(call, a, a_scale, b, b_scale, *, layout="NT", out_dtype=None, out=None, trans_c=False):
     """Blockwise-scaled FP8 GEMM C = op(A) op(B) with 1 x 128 scales on A and 128 x 128 (or 1 x 128 per row) scales
     on B: layout "NT" (a [M, K], b [N, K]; forward), "NN" (a [M, K], b [K, N]; dgrad), "TN" (a [K, M], b [K, N];

@@ -238,6 +238,82 @@ def test_repeated_calls_take_the_fast_path_and_stay_exact(layout):
         ops.gemm_fp8_blockwise(a, sa, b[:, :-16] if layout == "NT" else b[:-16], sb, layout=layout)
 
 
+# the decode kernel (rocjit.ops.skinny's matrix-core kernel with blockwise scales; NVIDIA sm_89+, M <= 32): M across the activation
+# tiles (1, 8, 9, 16, 17, 32), N not a multiple of its 64 / 128-row tiles or of 128 (a scale block cut short), K
+# tails (K % 128 != 0; K % 16 != 0 through the padded copy), more chunks than ring stages and tiles shared by blocks
+# (stream-K fix-up), every config, bf16 / fp32 / fp16 out
+DECODE_CASES = [(1, 264, 256), (8, 200, 208), (9, 1000, 200), (16, 2112, 7168), (17, 136, 1040), (32, 520, 4096),
+                (3, 7000, 2048)]
+
+
+def _decode_target():
+    target = _gemm._device(0)[0]
+    if not G.decode_candidates(target, 1, 256, 256, 1, False, False):
+        pytest.skip(f"the decode kernel runs on NVIDIA sm_89+ only (this device: {target})")
+    return target
+
+
+@pytest.mark.parametrize("od", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("M, N, K", DECODE_CASES)
+def test_decode_kernel_every_config_against_float64(M, N, K, od):
+    target = _decode_target()
+    xq, xs, wq, ws, ref = _operands(M, N, K, False, seed=M * 13 + N + K)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    sa, sb = G._strided(xs), G._strided(ws)
+    cands = G.decode_candidates(target, M, N, K, _gemm._device(0)[2], False, False)
+    assert len(cands) >= 4 and all(c["kernel"] == "skinny_mma" for c in cands)
+    for cfg in cands:
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=od)
+        G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, False, False)
+        _close(out, ref, torch.bfloat16 if od == torch.float16 else od)
+
+
+def test_decode_kernel_is_the_op_default_and_takes_any_scale_strides():
+    """M <= 32 on sm_90+: the op runs the decode kernel (shipped defaults or its own), with scales given row-major,
+    as M-major / K-major views (strides passed through), in repeated calls (plan replays) with new data; trans_c,
+    per-row B scales and M = 33 keep the other kernels."""
+    target = _decode_target()
+    sms = _gemm._device(0)[2]
+    M, N, K = 4, 2112, 7168
+    u8 = dict(device="cuda", dtype=torch.uint8)
+    picked = G.config_for(torch.empty(M, N, device="cuda", dtype=torch.bfloat16), torch.empty(M, K, **u8),
+                          torch.empty(N, K, **u8), None, None, M, N, K, False, False, target)
+    assert picked.get("kernel") == "skinny_mma"
+    assert not G.decode_candidates(target, M, N, K, sms, False, True)      # transposed store
+    assert not G.decode_candidates(target, M, N, K, sms, True, False)      # per-row B scales
+    assert not G.decode_candidates(target, 33, N, K, sms, False, False)
+    for seed in (1, 2, 3):                   # the second and third calls replay the first one's plan
+        xq, xs, wq, ws, ref = _operands(M, N, K, False, seed=seed)
+        _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws), ref, torch.bfloat16)
+    _close(ops.gemm_fp8_blockwise(xq, xs.t().contiguous().t(), wq, ws), ref, torch.bfloat16)   # M-major a scales
+    _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws.t().contiguous().t()), ref, torch.bfloat16)   # K-block-major b
+    _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws, trans_c=True), ref.t(), torch.bfloat16)
+
+
+def test_decode_kernel_in_a_cuda_graph():
+    """Captured at M = 5 and replayed on new operands copied into the captured inputs: the float64 product of the
+    new operands each time (the stream kernel's tickets reset themselves between replays)."""
+    _decode_target()
+    M, N, K = 5, 1000, 3000
+    xq, xs, wq, ws, _ = _operands(M, N, K, False, seed=21)
+    ops.gemm_fp8_blockwise(xq, xs, wq, ws)                      # compile and plan outside the capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            y = ops.gemm_fp8_blockwise(xq, xs, wq, ws)
+    torch.cuda.current_stream().wait_stream(s)
+    for seed in (22, 23, 24):
+        nx, nxs, nw, nws, ref = _operands(M, N, K, False, seed=seed)
+        for dst, src in ((xq, nx), (xs, nxs), (wq, nw), (ws, nws)):
+            dst.copy_(src)
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _close(y, ref, torch.bfloat16)
+
+
 def test_wgmma_kernel_is_the_default_for_prefill_shapes(monkeypatch):
     target = _gemm._device(0)[0]
     if not G.is_sm90a(target):
