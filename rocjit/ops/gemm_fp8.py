@@ -33,6 +33,11 @@ Decisions:
   On sm_90a its configs join the tuner's candidates and are the built-in default above 64 rows (H100, 4096^3 NT:
   about 650 TFLOP/s against 207 for the mma.sync kernel); ROCJIT_GEMM_FP8_SM90=0 leaves them out.
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
+- Decode (M <= 32 rows, operands K-major as in NT, B scales per 128 x 128 tile, C not transposed, NVIDIA sm_89+):
+  skinny_gemm_blockwise_kernel (skinny_gemm.hip, rocjit.ops.skinny's matrix-core kernel with the scales applied per
+  128-wide K block) joins the candidates and is the built-in default; these sizes are tuned as graph replays over
+  weights rotated beyond L2 (H100, 7168 x 16384 at M = 1: 38 us, the weights at copy bandwidth, against 51 for
+  cuBLASLt's blockwise GEMM at M = 4 and 72 for the wgmma tiles).
 - Tile configs are tuned per (M, N, K) bucket and persisted by rocjit.tune (shipped defaults in
   tune_defaults.json; ROCJIT_AUTOTUNE=0 uses them or the built-in heuristic).
 """
