@@ -42,6 +42,13 @@ def doctor(argv=()) -> int:
     from rocjit import native
     native.module()
     print(f"native launch  : {native.status()}")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        native.torch_alloc()
+        print(f"torch alloc    : {native.torch_alloc_status()}")
     info = cache.info()
     print(f"cache          : {info['dir']}  {info['entries']} entries, {info['bytes'] / 2**20:.1f} MiB, "
           f"{info['hits']} hits / {info['misses']} misses")

@@ -20,6 +20,7 @@ def test_wheel_ships_kernel_sources_and_runs_elsewhere(tmp_path):
     assert "rocjit/kernels_src/cuda_shim/hip/hip_runtime.h" in names
     assert any(n.startswith("rocjit/kernels_src/") and n.endswith(".hip") for n in names)
     assert "rocjit/launcher.c" in names          # the native launcher's source, built on the user's machine
+    assert "rocjit/torch_alloc.cpp" in names     # and the op plans' torch allocator
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(whl)],
                    check=True, capture_output=True, text=True)

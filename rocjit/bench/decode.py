@@ -30,7 +30,10 @@ Rows (every peer measured in the same run):
   rocjit launches of empty kernels with the same parameters as each launch the op makes (the `raw_launches` peer,
   the sum over its launches) and their ratio ours / raw (the goal: <= 1.5). ours_out_us: the same call
   with preallocated outputs (out=), where the op takes one; torch_empty_and_raw_launches: torch.empty for each
-  output the op returns, then the raw launches (what a hand-written wrapper that allocates pays).
+  output the op returns, then the raw launches (what a hand-written wrapper that allocates pays). The plans'
+  outputs come from rocjit's torch allocator (at::empty; "torch_alloc" in the JSON says whether it was loaded);
+  ours_new_empty_us / ratio_new_empty_vs_raw: the same call with them made by new_empty, timed again beside the
+  raw launches in the same run.
 """
 from __future__ import annotations
 
@@ -224,6 +227,28 @@ def _raw_launcher(n_ptr: int, n_scalar: int):
     return lambda: launch(*args)
 
 
+def _with_new_empty_outputs(entry, fn, raws) -> dict:
+    """The same call with the plans' outputs made by a prototype's new_empty instead of rocjit's torch allocator
+    (what the plans used before it), timed against the raw launches again: the allocator's share, same run."""
+    from rocjit.ops import _op
+    import torch
+    kept = dict(_op._MAKERS)
+    if not kept or all(getattr(m, "__name__", "") == "new_empty" for m in kept.values()):
+        return {}
+    try:
+        _op._MAKERS.update({k: torch.empty(0, dtype=k[0], device=k[1]).new_empty for k in kept})
+        entry.clear_plans()
+        fn()
+        fn()
+        t = host_us({"ours": fn, "raw_launches": lambda: [f() for f in raws]}, rounds=7)
+    finally:
+        _op._MAKERS.clear()
+        _op._MAKERS.update(kept)
+        entry.clear_plans()
+        fn()
+    return {"ours_new_empty_us": t["ours"], "ratio_new_empty_vs_raw": t["ours"] / t["raw_launches"]}
+
+
 def _eager_host(result, quick):
     import torch
     import rocjit.ops as ops
@@ -326,6 +351,7 @@ def _eager_host(result, quick):
                 [torch.empty(shape, dtype=dt, device=dev) for dt, shape in outputs], [f() for f in raws])
         t = host_us(cands, rounds=7 if quick else 15)
         hits = (entry.plans.hits if entry.plans is not None else 0) - before
+        with_new_empty = _with_new_empty_outputs(entry, fn, raws) if raws and outputs else {}
         ours = t.pop("ours")
         ours_out = t.pop("ours_out", None)
         row = H.add_row(result, f"eager_host_{op_name}", shape, dtype, ours, t, None, timing="host", variant=variant,
@@ -333,7 +359,8 @@ def _eager_host(result, quick):
                         outputs=[list(shape) for _, shape in outputs],
                         ratio_vs_raw=(ours / t["raw_launches"]) if raws else None,
                         ours_out_us=ours_out,
-                        ratio_out_vs_raw=(ours_out / t["raw_launches"]) if raws and ours_out else None)
+                        ratio_out_vs_raw=(ours_out / t["raw_launches"]) if raws and ours_out else None,
+                        **with_new_empty)
         print(row, flush=True)
     del w_up, w_dn, w8, wv
     torch.cuda.empty_cache()
@@ -516,6 +543,9 @@ def run(argv) -> dict:
     torch._dynamo.config.cache_size_limit = 256
     quick = H.quick(argv)
     result = H.new_result("decode", H.measure_ceilings(matmul=False))
+    from rocjit import native
+    native.torch_alloc()        # the op plans' allocator: built once per machine and cache, never in a timed loop
+    result["torch_alloc"] = native.torch_alloc_status().split(" (")[0]
     _eager_host(result, quick)
     _chains(result, quick)
     _attention(result, quick)

@@ -189,6 +189,24 @@ def test_quantize_fp8_into_out_replays_and_allocates_nothing(gran):
         ops.quantize_fp8(x, scale=torch.tensor([0.1], device="cuda"), out=q, scale_out=s)
 
 
+def test_replays_allocate_with_the_torch_allocator():
+    from rocjit import native
+    from rocjit.ops import _op
+    alloc = native.torch_alloc()            # tests/conftest.py builds it before the session
+    assert alloc is not None, native.torch_alloc_status()
+    x = torch.randn(3, 4096, device="cuda").to(BF)
+    w = torch.rand(4096, device="cuda").to(BF) + 0.5
+    for _ in range(2):
+        ops.rms_norm(x, w, 1e-6)
+    made, kept = _op._maker(BF, x.device)
+    assert isinstance(made, alloc.Empty) and kept
+    before = _hits("rms_norm")
+    y = ops.rms_norm(x, w, 1e-6)
+    assert _hits("rms_norm") - before == 1 and y.device == x.device and y.shape == x.shape and y.dtype == BF
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("make", ["replay", "full_path"])
 def test_outputs_honor_record_stream(make):
     # an output used on another stream and released there with record_stream must not be handed out again by the
