@@ -191,21 +191,24 @@ def _torch_build_args():
 
 
 def _torch_alloc_obtain(cxx, extra, flags, libs, key):
-    """Build (or take from the cache) and load the torch allocator; records the outcome. Any thread."""
+    """Build (or take from the cache) and load the torch allocator. Any thread."""
     try:
-        try:
-            mod, path = _obtain(key, lambda: _build(cxx, TORCH_ALLOC_SOURCE, flags, libs), "rocjit_torch_alloc",
-                                "_rocjit_torch_alloc", "torch allocator")
-        except Exception as e:          # noqa: BLE001 -- whatever stops the build leaves new_empty in charge
-            _alloc.update(status=f"unavailable: {e}", error=e)
-        else:
-            _alloc.update(module=mod, status=f"ready ({path})")
-    finally:
-        with _alloc_lock:
-            _alloc_ready.set()
-            callbacks, _alloc["callbacks"] = _alloc["callbacks"], []
-        for fn in callbacks:
-            fn()
+        mod, path = _obtain(key, lambda: _build(cxx, TORCH_ALLOC_SOURCE, flags, libs), "rocjit_torch_alloc",
+                            "_rocjit_torch_alloc", "torch allocator")
+    except Exception as e:          # noqa: BLE001 -- whatever stops the build leaves new_empty in charge
+        _alloc_done(f"unavailable: {e}", error=e)
+    else:
+        _alloc_done(f"ready ({path})", module=mod)
+
+
+def _alloc_done(status: str, module=None, error=None) -> None:
+    """The torch allocator's outcome, final for the process: recorded, then every waiting callback called."""
+    with _alloc_lock:
+        _alloc.update(status=status, module=module, error=error)
+        _alloc_ready.set()
+        callbacks, _alloc["callbacks"] = _alloc["callbacks"], []
+    for fn in callbacks:
+        fn()
 
 
 def torch_alloc_building() -> bool:
@@ -233,8 +236,7 @@ def torch_alloc(*, wait: bool = True):
     with _alloc_lock:
         if _alloc["thread"] is None and not _alloc_ready.is_set():
             if os.environ.get("ROCJIT_TORCH_ALLOC", "") == "0":
-                _alloc["status"] = "off (ROCJIT_TORCH_ALLOC=0)"
-                _alloc_ready.set()
+                _alloc_done("off (ROCJIT_TORCH_ALLOC=0)")
                 return None
             try:
                 cxx = compiler(cxx=True)
@@ -242,8 +244,7 @@ def torch_alloc(*, wait: bool = True):
                     raise NativeBuildError("no C++ compiler found (set CXX, or install g++ or clang++)")
                 extra, flags, libs = _torch_build_args()
             except (NativeBuildError, ImportError, OSError) as e:
-                _alloc.update(status=f"unavailable: {e}", error=e)
-                _alloc_ready.set()
+                _alloc_done(f"unavailable: {e}", error=e)
                 return _finish_alloc()
             key = _key(cxx, TORCH_ALLOC_SOURCE, extra, prefix="torchalloc-")
             if wait or cache.load(key) is not None:

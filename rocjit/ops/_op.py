@@ -16,8 +16,8 @@ What the skeleton gives every op:
   launches it made, each launch argument named as an op argument, an output or a constant) into the op's
   native `Plans` (rocjit/launcher.c). A later call whose arguments match -- every tensor's dtype, shape, device,
   contiguity and 16-byte alignment, each forwarded scalar's type, each option's value -- is replayed in C: one
-  torch allocation per output (a prototype's new_empty, called from C with the recorded sizes) and the same native
-  launchers. Anything else takes the full path again, so every check and every error message stays where it is
+  torch allocation per output (rocjit's torch allocator, else a prototype's new_empty; see _maker) and the same
+  native launchers. Anything else takes the full path again, so every check and every error message stays where it is
   written. `roles` says, per parameter, what a call's key reads: ``T`` a tensor or None, ``S`` a float forwarded
   to the kernels as it is (its value is not part of the key), ``O`` an option compared by value.
 - **safety of the record.** A launch argument that is a tensor the record does not know (a copy, a view, a
@@ -30,7 +30,6 @@ What the skeleton gives every op:
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import sys
@@ -279,8 +278,10 @@ class Call:
         if self.op.plans is not None:
             self.op.plans.add(tuple(self.args), outputs, list(self._consts), launches, refs,
                               type(result) is tuple, self._stream)
-            if provisional and not sys.modules["rocjit.native"].torch_alloc_building():
-                self.op.clear_plans()            # the allocator was loaded while this call ran: record again
+            if provisional:
+                from rocjit import native
+                if not native.torch_alloc_building():
+                    self.op.clear_plans()        # the allocator was loaded while this call ran: record again
         return result
 
 
@@ -291,11 +292,11 @@ _MAKERS: dict = {}
 
 
 def _maker(dtype, device):
-    """(make, kept): make(*sizes) -> a new torch tensor of this dtype on this device, for a plan's outputs: rocjit's torch
-    allocator (rocjit.native.torch_alloc: at::empty without torch's Python argument parsing, about 0.6 µs less per
-    output on an H100 / H200 host), else the new_empty of a kept empty prototype (0.4 µs less than torch.empty with
-    dtype= and device=). While the allocator is still being built, new_empty stands in; the plans recorded with it
-    are dropped when the build is loaded (they record again, with the allocator, at their next call)."""
+    """(make, kept): make(*sizes) -> a new torch tensor of this dtype on this device, for a plan's outputs:
+    rocjit's torch allocator (rocjit.native.torch_alloc: at::empty without torch's Python argument parsing, about
+    0.6 µs less per output on an H100 / H200 host), else the new_empty of a kept empty prototype (0.4 µs less than
+    torch.empty with dtype= and device=). While the allocator is still being built, new_empty stands in and is not
+    kept; the plans recorded with it are dropped when the build is loaded (they record again at their next call)."""
     made = _MAKERS.get((dtype, device))
     if made is not None:
         return made, True
