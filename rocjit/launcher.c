@@ -485,6 +485,7 @@ typedef struct {
     void *stream;
     rj_argkey args[RJ_MAX_OP_ARGS];
     rj_out outs[RJ_MAX_OUTS];
+    PyObject *group;                    /* the torch allocator's Outputs of this plan, or NULL: outs[j].make each */
     PyObject **consts;
     void **const_ptrs;         /* a constant tensor's data pointer; NULL for scalars */
     int *const_is_tensor;
@@ -494,6 +495,7 @@ typedef struct {
 
 static void plan_dealloc(Plan *self) {
     for (int i = 0; i < self->nargs; i++) Py_XDECREF(self->args[i].value);
+    Py_XDECREF(self->group);
     for (int j = 0; j < self->nouts; j++) {
         Py_XDECREF(self->outs[j].make);
         for (int a = 0; a < self->outs[j].nargv; a++) Py_XDECREF(self->outs[j].argv[a]);
@@ -521,6 +523,17 @@ static PyTypeObject PlanType = {
     .tp_doc = "One recorded eager call of an op (made by Plans.add)",
     .tp_dealloc = (destructor)plan_dealloc,
 };
+
+/* The torch allocator's C API (rocjit/torch_alloc.cpp lays it out the same): its Outputs objects make all of a
+ * plan's outputs in one call and hand back their data pointers. Registered by set_allocator(capsule). */
+typedef struct {
+    int version;
+    PyTypeObject *type;
+    int (*count)(PyObject *);
+    int (*make)(PyObject *, PyObject **, void **);
+} rj_alloc_api;
+static const rj_alloc_api *alloc_api;
+static PyObject *alloc_capsule;
 
 typedef struct {
     PyObject_HEAD
@@ -694,21 +707,29 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
         goto miss;
     }
     if (plan->stream_bound && stream != plan->stream) goto miss;
-    for (; nouts < plan->nouts; nouts++) {
-        rj_out *o = &plan->outs[nouts];
-        rj_tensor dl;
-        PyObject *obj = PyObject_Vectorcall(o->make, o->argv, (size_t)o->nargv, NULL);
-        if (!obj) {
+    if (plan->group && alloc_api && Py_TYPE(plan->group) == alloc_api->type) {
+        if (alloc_api->make(plan->group, outs, out_ptrs) != 0) {
             PyErr_Clear();               /* out of memory...: the Python path repeats the allocation and reports */
             goto miss;
         }
-        outs[nouts] = obj;
-        if (self->api->dltensor_from_py_object_no_sync(obj, &dl) != 0) {
-            PyErr_Clear();
-            nouts++;
-            goto miss;
+        nouts = plan->nouts;
+    } else {
+        for (; nouts < plan->nouts; nouts++) {
+            rj_out *o = &plan->outs[nouts];
+            rj_tensor dl;
+            PyObject *obj = PyObject_Vectorcall(o->make, o->argv, (size_t)o->nargv, NULL);
+            if (!obj) {
+                PyErr_Clear();
+                goto miss;
+            }
+            outs[nouts] = obj;
+            if (self->api->dltensor_from_py_object_no_sync(obj, &dl) != 0) {
+                PyErr_Clear();
+                nouts++;
+                goto miss;
+            }
+            out_ptrs[nouts] = (char *)dl.data + dl.byte_offset;
         }
-        out_ptrs[nouts] = (char *)dl.data + dl.byte_offset;
     }
     for (int l = 0; l < plan->nlaunches; l++) {
         rj_launch *L = &plan->launches[l];
@@ -798,19 +819,25 @@ static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts) 
     return 0;
 }
 
-/* plans.add(args, outputs, consts, launches, result, as_tuple, stream)
+/* plans.add(args, outputs, consts, launches, result, as_tuple, stream, group=None)
  *   args: the op arguments of the call being recorded (its key is read from them, as a later call's would be)
  *   outputs: [(shape, make), ...]: make(*shape) makes each (make(()) for a 0-d output)
+ *   group: None, or the torch allocator's Outputs making the same outputs in one call (set_allocator first)
  *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | None
  *   result: [ref, ...], returned as a tuple when as_tuple, else its one element
  *   stream: None, or the stream handle the plan is bound to (its constants belong to that stream)
  * Returns True when the plan was added, False when this call cannot be a plan (e.g. no tensor argument). */
 static PyObject *plans_add(Plans *self, PyObject *args) {
-    PyObject *call, *outputs, *consts, *launches, *result, *stream;
+    PyObject *call, *outputs, *consts, *launches, *result, *stream, *group = Py_None;
     int as_tuple;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!pO", &PyTuple_Type, &call, &PyList_Type, &outputs, &PyList_Type, &consts,
-                          &PyList_Type, &launches, &PyList_Type, &result, &as_tuple, &stream))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!pO|O", &PyTuple_Type, &call, &PyList_Type, &outputs, &PyList_Type, &consts,
+                          &PyList_Type, &launches, &PyList_Type, &result, &as_tuple, &stream, &group))
         return NULL;
+    if (group != Py_None && (!alloc_api || Py_TYPE(group) != alloc_api->type ||
+                             alloc_api->count(group) != (int)PyList_GET_SIZE(outputs))) {
+        PyErr_SetString(PyExc_ValueError, "group: the registered allocator's Outputs, one per output");
+        return NULL;
+    }
     if (PyTuple_GET_SIZE(call) != self->nargs) {
         PyErr_Format(PyExc_ValueError, "args: %d op arguments expected", self->nargs);
         return NULL;
@@ -864,6 +891,10 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
         }
         Py_INCREF(make);
         o->make = make;
+    }
+    if (group != Py_None) {
+        Py_INCREF(group);
+        p->group = group;
     }
     p->nconsts = (int)PyList_GET_SIZE(consts);
     p->consts = PyMem_Calloc(p->nconsts ? p->nconsts : 1, sizeof(PyObject *));
@@ -1036,6 +1067,20 @@ static PyObject *pdl_launch(PyObject *m, PyObject *arg) {
     return PyLong_FromVoidPtr((void *)rj_launch_pdl);
 }
 
+/* set_allocator(capsule): the torch allocator's C API (its module's _C_API), used by every plan given a group */
+static PyObject *set_allocator(PyObject *m, PyObject *capsule) {
+    const rj_alloc_api *api = PyCapsule_GetPointer(capsule, "rocjit.torch_alloc.api");
+    if (!api) return NULL;
+    if (api->version != 1) {
+        PyErr_Format(PyExc_ValueError, "set_allocator: API version %d, expected 1", api->version);
+        return NULL;
+    }
+    Py_INCREF(capsule);
+    Py_XSETREF(alloc_capsule, capsule);
+    alloc_api = api;
+    Py_RETURN_NONE;
+}
+
 /* dtype_code(exchange_api, tensor) -> the tensor's DLPack dtype, packed as Spec's dtypes are */
 static PyObject *dtype_code(PyObject *m, PyObject *args) {
     PyObject *api_obj, *t;
@@ -1050,6 +1095,7 @@ static PyObject *dtype_code(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"dtype_code", dtype_code, METH_VARARGS, "dtype_code(exchange_api, tensor) -> packed DLPack dtype"},
+    {"set_allocator", set_allocator, METH_O, "set_allocator(capsule): the torch allocator's C API for plans' groups"},
     {"pdl_launch", pdl_launch, METH_O, "pdl_launch(cuLaunchKernelEx address) -> a launch function address that "
                                          "sets the programmatic stream serialization attribute"},
     {NULL}

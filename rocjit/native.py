@@ -8,7 +8,8 @@ cache like code objects (one build per Python, source and, for the second, torch
   makes a failed build an error (CI).
 - ``torch_alloc.cpp``, the torch allocator of the eager op plans: ``Empty(prototype)(*sizes)`` is
   ``prototype.new_empty(sizes)`` through at::empty, without torch's Python argument parsing (about 0.6 µs less
-  per output on an H100 / H200 host). It compiles against torch's C++ headers (15 - 20 s), so a process that finds
+  per output on an H100 / H200 host); ``Outputs(specs)`` makes all the outputs of a call at once, through a C API
+  the plans call without Python (small outputs share one allocation). It compiles against torch's C++ headers (15 - 20 s), so a process that finds
   no cached build starts it in a background thread and the plans use new_empty until it is loaded.
   ``ROCJIT_TORCH_ALLOC=0`` turns it off; ``ROCJIT_REQUIRE_NATIVE=1`` makes a failed build an error here too.
 """
@@ -170,7 +171,7 @@ def module():
 
 
 # ----------------------------------------------------------------------------- the torch allocator
-_alloc = {"module": None, "status": "not built yet", "thread": None, "error": None, "callbacks": []}
+_alloc = {"module": None, "status": "not built yet", "thread": None, "error": None, "callbacks": [], "registered": None}
 _alloc_lock = threading.RLock()     # the synchronous build ends inside it
 _alloc_ready = threading.Event()
 
@@ -268,6 +269,17 @@ def _finish_alloc():
 
 def torch_alloc_status() -> str:
     return _alloc["status"]
+
+
+def allocator_registered() -> bool:
+    """Whether the native launcher's plans take the torch allocator's Outputs (registered once, on first ask)."""
+    if _alloc["registered"] is None:
+        mod, launch = _alloc["module"], module()
+        ok = mod is not None and launch is not None and hasattr(launch, "set_allocator")
+        if ok:
+            launch.set_allocator(mod._C_API)
+        _alloc["registered"] = ok
+    return _alloc["registered"]
 
 
 @functools.lru_cache(maxsize=None)

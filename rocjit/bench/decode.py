@@ -31,9 +31,11 @@ Rows (every peer measured in the same run):
   the sum over its launches) and their ratio ours / raw (the goal: <= 1.5). ours_out_us: the same call
   with preallocated outputs (out=), where the op takes one; torch_empty_and_raw_launches: torch.empty for each
   output the op returns, then the raw launches (what a hand-written wrapper that allocates pays). The plans'
-  outputs come from rocjit's torch allocator (at::empty; "torch_alloc" in the JSON says whether it was loaded);
-  ours_new_empty_us / ratio_new_empty_vs_raw: the same call with them made by new_empty, timed again beside the
-  raw launches in the same run.
+  outputs come from rocjit's torch allocator (at::empty, all of a call's outputs in one C call, small ones in one
+  shared allocation; "torch_alloc" in the JSON says whether it was loaded); ours_new_empty_us /
+  ratio_new_empty_vs_raw: the same call with them made by new_empty, one Python call each, and for ops with
+  several outputs ours_unshared_us / ratio_unshared_vs_raw: each in an allocation of its own; both timed again
+  beside the raw launches in the same run.
 """
 from __future__ import annotations
 
@@ -227,16 +229,21 @@ def _raw_launcher(n_ptr: int, n_scalar: int):
     return lambda: launch(*args)
 
 
-def _with_new_empty_outputs(entry, fn, raws) -> dict:
-    """The same call with the plans' outputs made by a prototype's new_empty instead of rocjit's torch allocator
-    (what the plans used before it), timed against the raw launches again: the allocator's share, same run."""
+def _with_other_allocation(entry, fn, raws, how: str) -> dict:
+    """The same call with the plans' outputs made another way, timed against the raw launches again (same run):
+    how="new_empty": each output by a prototype's new_empty, one Python call each (what the plans used before
+    rocjit's torch allocator); how="unshared": by the allocator, but each output in an allocation of its own."""
     from rocjit.ops import _op
     import torch
-    kept = dict(_op._MAKERS)
+    kept, limit, group = dict(_op._MAKERS), _op.SHARE_LIMIT, _op._group
     if not kept or all(getattr(m, "__name__", "") == "new_empty" for m in kept.values()):
         return {}
     try:
-        _op._MAKERS.update({k: torch.empty(0, dtype=k[0], device=k[1]).new_empty for k in kept})
+        if how == "new_empty":
+            _op._MAKERS.update({k: torch.empty(0, dtype=k[0], device=k[1]).new_empty for k in kept})
+            _op._group = lambda outs: None
+        else:
+            _op.SHARE_LIMIT = 0
         entry.clear_plans()
         fn()
         fn()
@@ -244,9 +251,10 @@ def _with_new_empty_outputs(entry, fn, raws) -> dict:
     finally:
         _op._MAKERS.clear()
         _op._MAKERS.update(kept)
+        _op.SHARE_LIMIT, _op._group = limit, group
         entry.clear_plans()
         fn()
-    return {"ours_new_empty_us": t["ours"], "ratio_new_empty_vs_raw": t["ours"] / t["raw_launches"]}
+    return {f"ours_{how}_us": t["ours"], f"ratio_{how}_vs_raw": t["ours"] / t["raw_launches"]}
 
 
 def _eager_host(result, quick):
@@ -351,7 +359,9 @@ def _eager_host(result, quick):
                 [torch.empty(shape, dtype=dt, device=dev) for dt, shape in outputs], [f() for f in raws])
         t = host_us(cands, rounds=7 if quick else 15)
         hits = (entry.plans.hits if entry.plans is not None else 0) - before
-        with_new_empty = _with_new_empty_outputs(entry, fn, raws) if raws and outputs else {}
+        with_new_empty = _with_other_allocation(entry, fn, raws, "new_empty") if raws and outputs else {}
+        if raws and len(outputs) > 1:
+            with_new_empty.update(_with_other_allocation(entry, fn, raws, "unshared"))
         ours = t.pop("ours")
         ours_out = t.pop("ours_out", None)
         row = H.add_row(result, f"eager_host_{op_name}", shape, dtype, ours, t, None, timing="host", variant=variant,

@@ -233,3 +233,74 @@ def test_outputs_honor_record_stream(make):
     assert again.data_ptr() != ptr, "the allocator gave out a block another stream still reads"
     torch.cuda.synchronize()
     assert torch.isfinite(z).all()
+
+
+def test_small_outputs_of_a_replay_share_one_allocation_and_stay_correct():
+    """quantize_fp8 per token replays make q and s from one torch allocation (rocjit's Outputs); every replay's q
+    and s are checked element by element against float64, and record_stream on them holds the block back."""
+    from rocjit import native
+    from rocjit.ops import _op
+    assert native.torch_alloc() is not None and native.allocator_registered(), native.torch_alloc_status()
+    before = _hits("quantize_fp8")
+    for rows in (1, 7, 33):
+        for _ in range(3):
+            x = torch.randn(rows, 1000, device="cuda").to(BF) * 3
+            q, s = ops.quantize_fp8(x, granularity="token")
+            xd = x.double()
+            amax = xd.abs().amax(-1, keepdim=True)
+            torch.testing.assert_close(s.double(), amax / 448.0, rtol=1e-6, atol=0)
+            ref = C.fp8_decode(C.fp8_reference((xd / s.double()).cpu().numpy(), "e4m3fn"), "e4m3fn")
+            got = C.fp8_decode(q.view(torch.uint8).cpu().numpy(), "e4m3fn")
+            # every element within one e4m3 step (3 mantissa bits) of the float64 rounding
+            assert (abs(got - ref) <= abs(ref) / 8 + 2.0 ** -9).all()
+        assert q.untyped_storage().data_ptr() == s.untyped_storage().data_ptr()
+        assert (s.data_ptr() - q.data_ptr()) % 256 == 0 and s.data_ptr() >= q.data_ptr() + q.numel()
+    assert _hits("quantize_fp8") - before >= 6
+    assert rows * 1000 + 256 <= _op.SHARE_LIMIT
+    # the shared block goes back to torch's allocator only when the other stream is done with it
+    ptr = q.data_ptr()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        z = s.float() * q.float()[:, :1]
+    s.record_stream(side)
+    q.record_stream(side)
+    nbytes = q.untyped_storage().nbytes()
+    del q, s
+    again = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    assert again.data_ptr() != ptr, "the allocator gave out a block another stream still reads"
+    torch.cuda.synchronize()
+    assert torch.isfinite(z).all()
+
+
+def test_outputs_come_from_torch_s_caching_allocator():
+    """rocjit's Outputs take blocks straight from the allocator at::empty uses on the device: torch's caching
+    allocator, which counts them (memory_allocated) and takes them back when the tensors go."""
+    from rocjit import native
+    alloc = native.torch_alloc()
+    proto = torch.empty(0, dtype=torch.float32, device="cuda")
+    make = alloc.Outputs([(proto, (1 << 20,))])
+    assert make.direct
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    t, = make()
+    assert torch.cuda.memory_allocated() - before >= 4 << 20
+    t.fill_(2.0)
+    assert float(t.sum()) == 2.0 * (1 << 20)
+    del t
+    assert torch.cuda.memory_allocated() == before
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_outputs_land_on_their_device_whichever_is_current():
+    from rocjit import native
+    alloc = native.torch_alloc()
+    make = alloc.Outputs([(torch.empty(0, device="cuda:1"), (4,)), (torch.empty(0, device="cuda:1"), (2,))],
+                         share_limit=1 << 20)
+    with torch.cuda.device(0):
+        a, b = make()
+    assert a.device == b.device == torch.device("cuda:1")
+    with torch.cuda.device(0):
+        one, = alloc.Outputs([(torch.empty(0, device="cuda:1"), (4,))])()
+    assert one.device == torch.device("cuda:1")
