@@ -228,7 +228,7 @@ def on_torch_alloc(fn) -> None:
 
 
 def torch_alloc(*, wait: bool = True):
-    """The torch allocator extension (its ``Empty`` type), or None (see torch_alloc_status()).
+    """The torch allocator extension (its ``Empty`` and ``Outputs`` types), or None (see torch_alloc_status()).
 
     With ``wait=False`` (the op plans) a process that finds no build in the cache starts one in a background thread
     and gets None until it is loaded; a cached build is loaded at once either way."""

@@ -106,6 +106,7 @@ typedef struct {
     c10::ScalarType dtype;
     int ndim;
     int64_t sizes[RJ_EMPTY_MAX_DIMS];
+    int64_t nbytes;            /* -1: too large to count (made by at::empty, which reports it) */
     int64_t offset;            /* bytes into the shared block */
 } OutSpec;
 
@@ -141,12 +142,6 @@ static at::Tensor direct_empty(const Outputs *self, int64_t nbytes, c10::ScalarT
                                                     caffe2::TypeMeta::fromScalarType(dtype));
 }
 
-static int64_t spec_bytes(const OutSpec *o) {
-    int64_t n = (int64_t)c10::elementSize(o->dtype);
-    for (int d = 0; d < o->ndim; d++) n *= o->sizes[d];
-    return n;
-}
-
 /* torch.use_deterministic_algorithms fills new memory (NaN) in at::empty: then at::empty makes everything */
 static bool direct_allowed(const Outputs *self) {
     if (!self->allocator) return false;
@@ -154,44 +149,52 @@ static bool direct_allowed(const Outputs *self) {
     return !(ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory());
 }
 
-/* The outputs made: new references in outs[i], data pointers in ptrs[i]. 0, or -1 with a Python error set (and
- * nothing left in outs). */
-static int outputs_make(PyObject *obj, PyObject **outs, void **ptrs) {
-    Outputs *self = (Outputs *)obj;
-    int made = 0;
+/* The outputs as tensors, with their data pointers. 0, or -1 with a Python error set. */
+static int make_tensors(const Outputs *self, at::Tensor *ts, void **ptrs) {
     HANDLE_TH_ERRORS
     const auto device = c10::Device(self->device_type, self->device_index);
     const bool direct = direct_allowed(self);
     if (self->shared) {
         at::Tensor block = direct ? direct_empty(self, self->total, at::kByte) : at::Tensor();
         if (!block.defined()) block = at::empty({self->total}, at::TensorOptions().dtype(at::kByte).device(device));
-        for (; made < self->n; made++) {
-            const OutSpec *o = &self->specs[made];
-            at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+        for (int i = 0; i < self->n; i++) {
+            const OutSpec *o = &self->specs[i];
+            ts[i] = at::detail::make_tensor<c10::TensorImpl>(
                 c10::Storage(block.storage()), block.key_set(), caffe2::TypeMeta::fromScalarType(o->dtype));
-            c10::TensorImpl *impl = t.unsafeGetTensorImpl();
-            impl->set_storage_offset(o->offset / (int64_t)c10::elementSize(o->dtype));
-            impl->set_sizes_contiguous(c10::IntArrayRef(o->sizes, (size_t)o->ndim));
-            ptrs[made] = t.mutable_data_ptr();
-            outs[made] = THPVariable_Wrap(std::move(t));
-            if (!outs[made]) break;
+            ts[i].unsafeGetTensorImpl()->set_storage_offset(o->offset / (int64_t)c10::elementSize(o->dtype));
+            ts[i].unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(o->sizes, (size_t)o->ndim));
+            ptrs[i] = ts[i].mutable_data_ptr();
         }
-    } else {
-        for (; made < self->n; made++) {
-            const OutSpec *o = &self->specs[made];
-            const c10::IntArrayRef sizes(o->sizes, (size_t)o->ndim);
-            at::Tensor t = direct ? direct_empty(self, spec_bytes(o), o->dtype) : at::Tensor();
-            if (t.defined()) t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-            else t = at::empty(sizes, at::TensorOptions().dtype(o->dtype).device(device));
-            ptrs[made] = t.mutable_data_ptr();
-            outs[made] = THPVariable_Wrap(std::move(t));
-            if (!outs[made]) break;
-        }
+        return 0;
+    }
+    for (int i = 0; i < self->n; i++) {
+        const OutSpec *o = &self->specs[i];
+        const c10::IntArrayRef sizes(o->sizes, (size_t)o->ndim);
+        ts[i] = direct && o->nbytes >= 0 ? direct_empty(self, o->nbytes, o->dtype) : at::Tensor();
+        if (ts[i].defined()) ts[i].unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+        else ts[i] = at::empty(sizes, at::TensorOptions().dtype(o->dtype).device(device));
+        ptrs[i] = ts[i].mutable_data_ptr();
+    }
+    return 0;
+    END_HANDLE_TH_ERRORS_RET(-1)
+}
+
+/* The outputs made: new references in outs[i], data pointers in ptrs[i]. 0, or -1 with a Python error set (and
+ * nothing left in outs). */
+static int outputs_make(PyObject *obj, PyObject **outs, void **ptrs) {
+    const Outputs *self = (const Outputs *)obj;
+    at::Tensor ts[RJ_OUTPUTS_MAX];
+    if (make_tensors(self, ts, ptrs) != 0) return -1;
+    int made = 0;
+    try {
+        for (; made < self->n; made++)
+            if (!(outs[made] = THPVariable_Wrap(std::move(ts[made])))) break;
+    } catch (...) {
+        torch::translate_exception_to_python(std::current_exception());
     }
     if (made == self->n) return 0;
-    for (int i = 0; i < made; i++) Py_CLEAR(outs[i]);
+    while (made--) Py_CLEAR(outs[made]);
     return -1;
-    END_HANDLE_TH_ERRORS_RET((([&] { for (int i = 0; i < made; i++) Py_CLEAR(outs[i]); })(), -1))
 }
 
 static int outputs_count(PyObject *obj) { return ((Outputs *)obj)->n; }
@@ -213,19 +216,48 @@ static PyObject *outputs_vectorcall(Outputs *self, PyObject *const *args, size_t
     return t;
 }
 
-/* Which allocator at::empty takes for the device: the one its storage names. 0, or -1 with a Python error set. */
+/* Which allocator at::empty takes for a device: the one named by the storage of a tensor it made, asked once per
+ * device (under the GIL) and kept with its blocks' deleter; no allocator where that storage is not a plain
+ * resizable block of that device. 0, or -1 with a Python error set. */
+typedef struct {
+    c10::DeviceType type;
+    c10::DeviceIndex index;
+    c10::Allocator *allocator;
+    c10::DeleterFnPtr deleter;
+} Probe;
+#define RJ_MAX_PROBES 64
+static Probe probes[RJ_MAX_PROBES];
+static int nprobes;
+
 static int allocator_probe(Outputs *self) {
-    HANDLE_TH_ERRORS
-    const auto device = c10::Device(self->device_type, self->device_index);
-    at::Tensor probe = at::empty({1}, at::TensorOptions().dtype(at::kByte).device(device));
-    const c10::Storage &st = probe.storage();
-    if (st.allocator() && st.data_ptr().device() == device && st.resizable()) {
-        self->allocator = st.allocator();
-        self->deleter = st.data_ptr().get_deleter();
-        self->keys = c10::DispatchKeySet(c10::computeDispatchKey(at::kByte, c10::kStrided, device));
+    const Probe *found = NULL;
+    for (int i = 0; i < nprobes && !found; i++)
+        if (probes[i].type == self->device_type && probes[i].index == self->device_index) found = &probes[i];
+    if (!found) {
+        HANDLE_TH_ERRORS
+        const auto device = c10::Device(self->device_type, self->device_index);
+        at::Tensor probe = at::empty({1}, at::TensorOptions().dtype(at::kByte).device(device));
+        const c10::Storage &st = probe.storage();
+        const bool plain = st.allocator() && st.data_ptr().device() == device && st.resizable();
+        Probe p = {self->device_type, self->device_index, plain ? st.allocator() : nullptr,
+                   plain ? st.data_ptr().get_deleter() : nullptr};
+        if (nprobes == RJ_MAX_PROBES) {
+            self->allocator = p.allocator;       /* more devices than slots: this one is asked every time */
+            self->deleter = p.deleter;
+        } else {
+            probes[nprobes] = p;
+            found = &probes[nprobes++];
+        }
+        END_HANDLE_TH_ERRORS_RET(-1)
     }
+    if (found) {
+        self->allocator = found->allocator;
+        self->deleter = found->deleter;
+    }
+    if (self->allocator)
+        self->keys = c10::DispatchKeySet(
+            c10::computeDispatchKey(at::kByte, c10::kStrided, c10::Device(self->device_type, self->device_index)));
     return 0;
-    END_HANDLE_TH_ERRORS_RET(-1)
 }
 
 /* Outputs(specs, share_limit=0): specs a sequence of (prototype tensor, sizes tuple) */
@@ -298,8 +330,10 @@ static PyObject *outputs_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
             big |= __builtin_mul_overflow(numel, (int64_t)v, &numel);
         }
         big |= __builtin_mul_overflow(numel, (int64_t)c10::elementSize(o->dtype), &nbytes);
+        big |= nbytes > ((int64_t)1 << 50);
+        o->nbytes = big ? -1 : nbytes;
         o->offset = total;
-        if (big || total < 0 || nbytes > ((int64_t)1 << 50)) total = -1;   /* too big to share: made one by one */
+        if (big || total < 0) total = -1;                                   /* too big to share: made one by one */
         else total += (nbytes + RJ_OUTPUTS_ALIGN - 1) / RJ_OUTPUTS_ALIGN * RJ_OUTPUTS_ALIGN;
     }
     Py_DECREF(seq);
@@ -351,24 +385,28 @@ static rj_alloc_api alloc_api = {1, &OutputsType, outputs_count, outputs_make};
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_rocjit_torch_alloc",
                                         "torch tensors from at::empty for rocjit's op plans", -1, NULL};
 
+/* A vectorcall type of this module, readied */
+static int ready_type(PyTypeObject *t, Py_ssize_t size, Py_ssize_t vectorcall_offset, const char *doc, newfunc make,
+                      reprfunc repr) {
+    t->tp_basicsize = size;
+    t->tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+    t->tp_doc = doc;
+    t->tp_vectorcall_offset = vectorcall_offset;
+    t->tp_call = PyVectorcall_Call;
+    t->tp_new = make;
+    t->tp_repr = repr;
+    return PyType_Ready(t);
+}
+
 PyMODINIT_FUNC PyInit__rocjit_torch_alloc(void) {
-    EmptyType.tp_basicsize = sizeof(Empty);
-    EmptyType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-    EmptyType.tp_doc = "Empty(prototype): empty(*sizes) -> a new tensor of the prototype's dtype and device";
-    EmptyType.tp_vectorcall_offset = offsetof(Empty, vectorcall);
-    EmptyType.tp_call = PyVectorcall_Call;
-    EmptyType.tp_new = empty_new;
-    EmptyType.tp_repr = (reprfunc)empty_repr;
-    if (PyType_Ready(&EmptyType) < 0) return NULL;
-    OutputsType.tp_basicsize = sizeof(Outputs);
-    OutputsType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-    OutputsType.tp_doc = "Outputs(specs, share_limit=0): outputs() -> a tuple of new tensors, one per (prototype, sizes)";
-    OutputsType.tp_vectorcall_offset = offsetof(Outputs, vectorcall);
-    OutputsType.tp_call = PyVectorcall_Call;
-    OutputsType.tp_new = outputs_new;
-    OutputsType.tp_repr = (reprfunc)outputs_repr;
     OutputsType.tp_getset = outputs_getset;
-    if (PyType_Ready(&OutputsType) < 0) return NULL;
+    if (ready_type(&EmptyType, sizeof(Empty), offsetof(Empty, vectorcall),
+                   "Empty(prototype): empty(*sizes) -> a new tensor of the prototype's dtype and device", empty_new,
+                   (reprfunc)empty_repr) < 0 ||
+        ready_type(&OutputsType, sizeof(Outputs), offsetof(Outputs, vectorcall),
+                   "Outputs(specs, share_limit=0): outputs() -> a tuple of new tensors, one per (prototype, sizes)",
+                   outputs_new, (reprfunc)outputs_repr) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m) return NULL;
     PyObject *api = PyCapsule_New(&alloc_api, "rocjit.torch_alloc.api", NULL);
