@@ -15,6 +15,12 @@
 // block's waves through shared memory. Scores live in the log2 domain (q is pre-multiplied by scale * log2 e).
 // With one split the block writes out; with several, each writes its unnormalised partial (acc, max, sum) and
 // decode_attention_combine merges the splits of a row. A row whose keys are all masked gets zeros.
+// kRope (one new token per sequence, S == 1): q and the new key arrive before the rotary embedding, which the
+// kernel applies (x cos + rotate_half(x) sin, rotate_half(x) = [-x[D/2:], x[:D/2]], in fp32; the key rounded to T
+// as the cache stores it), and the new key / value go into the cache at position *pos (the blocks whose keys
+// hold that position use the new values from registers, and the first row group writes them; every other key
+// is read as it is). A position outside 0 .. L - 1 writes nothing and makes every output NaN.
+//   knew, vnew [B, Hkv, 1, D] (strides nb / nh, vnb / vnh); cos, sin [B or 1, 1, D] (batch stride cb)
 // Every kernel here waits for the kernel ahead of it before touching memory (grid_dependency_sync):
 // rocjit may launch them to overlap that kernel's tail (programmatic dependent launch, sm_90+).
 // rocjit:pdl
@@ -41,13 +47,30 @@ template <int kD> struct layout {
     static constexpr int kKeysPerWave = kWaveSize / kLanes;
 };
 
+// Elements [col, col + 8) of row rotated: x cos + rotate_half(x) sin (col and D / 2 multiples of 8, so a chunk
+// and its partner lie in opposite halves).
+template <bool kAligned, int kD, class T>
+ROCJIT_INLINE void rope_chunk(const T* row, const T* cs, const T* sn, int col, float (&f)[kChunk]) {
+    constexpr int kHalf = kD / 2;
+    static_assert(kHalf % kChunk == 0, "rotary halves of whole chunks: D a multiple of 16");
+    float x[kChunk], y[kChunk], c[kChunk], s[kChunk];
+    chunk_to_float(load_chunk<kAligned>(row, col, kD), x);
+    chunk_to_float(load_chunk<kAligned>(row, col < kHalf ? col + kHalf : col - kHalf, kD), y);
+    chunk_to_float(load_chunk<kAligned>(cs, col, kD), c);
+    chunk_to_float(load_chunk<kAligned>(sn, col, kD), s);
+    const float sign = col < kHalf ? -1.0f : 1.0f;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) f[j] = fmaf(x[j], c[j], sign * y[j] * s[j]);
+}
+
 }  // namespace attn
 
-template <class T, int kD, int kRows, int kMask, bool kAligned, int kWarps, int kUnroll>
+template <class T, int kD, int kRows, int kMask, bool kAligned, int kWarps, int kUnroll, bool kRope>
 __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
         T* out, float* part, float* part_ml, const T* q, const T* k, const T* v, const void* mask, int kv_heads,
         int group_size, int S, int L, int keys_per_split, int qb, int qh, int qs, int kb, int kh, int kl, int vb,
-        int vh, int vl, int mb, int mh, int ms, int ml, float scale, int causal) {
+        int vh, int vl, int mb, int mh, int ms, int ml, float scale, int causal, const T* knew, const T* vnew,
+        const T* rcos, const T* rsin, const long long* pos_ptr, int nb, int nh, int vnb, int vnh, int cb) {
     using namespace attn;
     typedef layout<kD> Lay;
     static_assert(kRows <= 4 && kUnroll <= 8, "at most 4 query rows and 8 keys per lane group in flight");
@@ -73,10 +96,15 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
     for (int i = 0; i < kRows; ++i) {
         const int r = min(row0 + i, rows - 1);   // rows past the last repeat it; never stored
         const int g = r / S, s = r % S, h = hkv * group_size + g;
-        chunk_t<T> c = zero_chunk<T>();
-        const T* qrow = q + (long long)b * qb + (long long)h * qh + (long long)s * qs + col;
-        if (has_col) c = load_chunk<kAligned>(qrow, 0, kChunk);
-        chunk_to_float(c, qf[i]);
+        const T* qrow = q + (long long)b * qb + (long long)h * qh + (long long)s * qs;
+        if constexpr (kRope) {
+            if (has_col) rope_chunk<kAligned, kD>(qrow, rcos + (long long)b * cb, rsin + (long long)b * cb, col, qf[i]);
+            else chunk_to_float(zero_chunk<T>(), qf[i]);
+        } else {
+            chunk_t<T> c = zero_chunk<T>();
+            if (has_col) c = load_chunk<kAligned>(qrow + col, 0, kChunk);
+            chunk_to_float(c, qf[i]);
+        }
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
             qf[i][j] *= scale * kLog2e;
@@ -91,6 +119,23 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
     const T* vp = v + (long long)b * vb + (long long)hkv * vh + col;
     const int l_begin = split * keys_per_split;
     const int l_end = min(L, l_begin + keys_per_split);
+    int pos = -1;                // kRope: the new key's position (-1: none, or out of range)
+    chunk_t<T> kn = zero_chunk<T>(), vn = zero_chunk<T>();
+    if constexpr (kRope) {
+        const long long p = *pos_ptr;
+        pos = p >= 0 && p < L ? (int)p : -1;
+        if (has_col) {
+            float f[kChunk];
+            rope_chunk<kAligned, kD>(knew + (long long)b * nb + (long long)hkv * nh, rcos + (long long)b * cb,
+                                     rsin + (long long)b * cb, col, f);
+            kn = float_to_chunk<T>(f);
+            vn = load_chunk<kAligned>(vnew + (long long)b * vnb + (long long)hkv * vnh, col, kD);
+        }
+        if (pos >= l_begin && pos < l_end && blockIdx.z == 0 && warp == 0 && group == 0 && has_col) {
+            store_chunk<kAligned>(const_cast<T*>(kp) - col + (long long)pos * kl, col, kD, kn);
+            store_chunk<kAligned>(const_cast<T*>(vp) - col + (long long)pos * vl, col, kD, vn);
+        }
+    }
     for (int base = l_begin; base < l_end; base += kKeysPerIter) {
         chunk_t<T> kc[kUnroll], vc[kUnroll];
         float madd[kUnroll][kRows];  // additive masks
@@ -101,8 +146,13 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
             kc[u] = zero_chunk<T>();
             vc[u] = zero_chunk<T>();
             if (key < l_end && has_col) {
-                kc[u] = load_chunk<kAligned>(kp + (long long)key * kl, 0, kChunk);
-                vc[u] = load_chunk<kAligned>(vp + (long long)key * vl, 0, kChunk);
+                if (kRope && key == pos) {      // the new key: from registers (its cache row is being written)
+                    kc[u] = kn;
+                    vc[u] = vn;
+                } else {
+                    kc[u] = load_chunk<kAligned>(kp + (long long)key * kl, 0, kChunk);
+                    vc[u] = load_chunk<kAligned>(vp + (long long)key * vl, 0, kChunk);
+                }
             }
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
@@ -205,8 +255,12 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
             o = fmaf(s_acc[w][i][d], f, o);
         }
         const int g = r / S, s = r % S, h = hkv * group_size + g;
+        if (kRope && pos < 0) {         // no valid position: NaN out, through the combine too
+            o = __int_as_float(0x7fc00000);
+            sum = o;
+        }
         if (nsplit == 1) {
-            out[(((long long)b * S + s) * hq + h) * kD + d] = from_float<T>(sum > 0.0f ? o / sum : 0.0f);
+            out[(((long long)b * S + s) * hq + h) * kD + d] = from_float<T>(!(sum <= 0.0f) ? o / sum : 0.0f);
         } else {
             const long long prow = ((long long)b * hq + h) * S + s;
             part[(prow * nsplit + split) * kD + d] = o;
@@ -235,13 +289,16 @@ __launch_bounds__(kD) __global__ void decode_attention_combine(T* out, const flo
         sum = fmaf(part_ml[(prow * nsplit + j) * 2 + 1], f, sum);
         o = fmaf(part[(prow * nsplit + j) * kD + d], f, o);
     }
-    out[((b * S + s) * hq + h) * kD + d] = from_float<T>(sum > 0.0f ? o / sum : 0.0f);
+    out[((b * S + s) * hq + h) * kD + d] = from_float<T>(!(sum <= 0.0f) ? o / sum : 0.0f);   // NaN stays NaN
 }
 
-// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2>
-// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 0, true, 8, 1>
-// rocjit:check decode_attention_kernel<__half, 64, 2, 2, false, 8, 1>
-// rocjit:check decode_attention_kernel<__half, 256, 4, 1, true, 8, 2>
-// rocjit:check decode_attention_kernel<__hip_bfloat16, 96, 1, 2, true, 8, 2>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2, false>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 0, true, 8, 1, false>
+// rocjit:check decode_attention_kernel<__half, 64, 2, 2, false, 8, 1, false>
+// rocjit:check decode_attention_kernel<__half, 256, 4, 1, true, 8, 2, false>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 96, 1, 2, true, 8, 2, false>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2, true>
+// rocjit:check decode_attention_kernel<__half, 64, 2, 2, false, 16, 1, true>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 256, 4, 0, true, 8, 2, true>
 // rocjit:check decode_attention_combine<__hip_bfloat16, 128>
 // rocjit:check decode_attention_combine<__half, 256>

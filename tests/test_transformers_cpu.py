@@ -211,6 +211,17 @@ class _ReferenceOps:
         p = torch.softmax(s, -1)
         return (p @ v.float().repeat_interleave(g, 1)).transpose(1, 2).contiguous().to(q.dtype)
 
+    def decode_attention_rope(self, q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale):
+        assert q.shape[2] == 1 and position.dtype == torch.int64 and position.numel() == 1
+        h = q.shape[-1] // 2
+
+        def rot(x):
+            x = x.float()
+            return x * cos.float()[:, None] + torch.cat([-x[..., h:], x[..., :h]], -1) * sin.float()[:, None]
+        k_cache.index_copy_(2, position.reshape(1), rot(k).to(k_cache.dtype))
+        v_cache.index_copy_(2, position.reshape(1), v)
+        return self.decode_attention(rot(q).to(q.dtype), k_cache, v_cache, mask, scale=scale)
+
 
 class _Recorder:
     """The torch reference ops as rocjit.ops' public functions, recording each op name called."""
@@ -266,6 +277,11 @@ class _ReferenceCustomOps:
         assert isinstance(scale, float) and isinstance(causal, bool)
         self.calls.append("decode_attention")
         return self.ref.decode_attention(q, k, v, mask, scale=scale, causal=causal)
+
+    def decode_attention_rope(self, q, k, v, cos, sin, k_cache, v_cache, position, mask, scale):
+        assert isinstance(scale, float)
+        self.calls.append("decode_attention_rope")
+        return self.ref.decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask, scale=scale)
 
 
 def _family_models(family):
@@ -351,9 +367,45 @@ def test_traced_ops_compile_fullgraph_against_the_stock_model(monkeypatch, fp8):
             got = torch.stack([step(t, torch.tensor([40 + i]))[:, -1] for i, t in enumerate(toks)]).float()
     finally:
         torch._dynamo.reset()
-    assert "skinny_gemm_residual" in calls and ("quantize_fp8" in calls) == fp8 and "decode_attention" in calls
+    # a static cache's decode token: rotary, cache write and attention in one op (no decode_attention)
+    assert "skinny_gemm_residual" in calls and ("quantize_fp8" in calls) == fp8
+    assert calls.count("decode_attention_rope") == 3 * model.config.num_hidden_layers
+    assert "decode_attention" not in calls
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < (0.08 if fp8 else 0.02), err
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_static_cache_decode_writes_the_cache_as_the_stock_model(monkeypatch, family):
+    """Eager decode over StaticCache: the fused rotary + cache write + attention (decode_attention_rope, where the
+    family allows it: not Qwen3, whose q / k norms come before the rotary) leaves the cache as the stock model's
+    update does -- the same keys and values at the same positions, the same length -- and logits close to it."""
+    model, stock = _family_models(family)
+    calls = []
+    recorder = _Recorder(calls)
+    monkeypatch.setattr(rt, "_ops", lambda: recorder)
+    monkeypatch.setattr(rt, "_on_device", lambda t: True)
+    rt.patch(model)
+    ids = torch.randint(0, 100, (2, 36), generator=torch.Generator().manual_seed(5))
+    toks = torch.randint(0, 100, (3, 2, 1), generator=torch.Generator().manual_seed(6))
+    caches, logits = [], []
+    with torch.no_grad():
+        for m in (stock, model):
+            cache = transformers.StaticCache(config=m.config, max_cache_len=48)
+            m(input_ids=ids, past_key_values=cache, use_cache=True)
+            logits.append(torch.stack([m(input_ids=t, past_key_values=cache, use_cache=True).logits[:, -1]
+                                       for t in toks]).float())
+            caches.append(cache)
+    ref, got = logits
+    assert ((got - ref).norm() / ref.norm()).item() < 0.02
+    fused = family != "qwen3"
+    assert calls.count("decode_attention_rope") == (3 * model.config.num_hidden_layers if fused else 0)
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert int(a.cumulative_length) == int(b.cumulative_length) == 39
+        for x, y in ((a.keys, b.keys), (a.values, b.values)):
+            assert torch.equal(x[:, :, 39:], y[:, :, 39:])          # the slots past the length: untouched zeros
+            err = (x[:, :, :39].float() - y[:, :, :39].float()).abs().max().item()
+            assert err <= 0.05 * x[:, :, :39].float().abs().max().item()
 
 
 def test_lm_head_is_patched_only_as_a_plain_bias_free_linear():
@@ -428,8 +480,11 @@ def test_decode_attention_replaces_only_sdpa_and_eager(monkeypatch, impl, attent
                                            use_cache=True).logits[:, -1] for i, t in enumerate(toks)]).float())
             ref, got = outs
             assert ((got - ref).norm() / ref.norm()).item() < 0.02
-    used = calls.count("decode_attention")
+    used = calls.count("decode_attention") + calls.count("decode_attention_rope")
     # per layer, both caches: the prefill (20 tokens, within max_m) and 3 decode steps; but sdpa's static-cache
-    # prefill gets no mask and is_causal over a 31-key cache (top-left causal): the model's function runs it
-    want = {"sdpa": 7, "eager": 8, "other": 0}[impl] * model.config.num_hidden_layers
+    # prefill gets no mask and is_causal over a 31-key cache (top-left causal): the model's function runs it.
+    # The static cache's decode steps are decode_attention_rope (rotary and cache write in the same op)
+    layers = model.config.num_hidden_layers
+    want = {"sdpa": 7, "eager": 8, "other": 0}[impl] * layers
     assert used == (want if attention else 0), used
+    assert calls.count("decode_attention_rope") == (3 * layers if attention and impl != "other" else 0)

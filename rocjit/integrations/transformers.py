@@ -21,7 +21,10 @@ self_attn, post_attention_layernorm and a SwiGLU mlp):
   transformers' sdpa or eager one (one kernel instead of the mask / layout kernels and SDPA; see
   _decode_attention for when the model's function runs instead: flash, other registrations, attention weights
   asked for), and o_proj; a transformers version whose attention forward differs from the one this was written
-  against keeps its own attention (with a warning);
+  against keeps its own attention (with a warning). One decode token per sequence with a static cache
+  (transformers' ``StaticCache``, whose layer this module knows: see _static_layer) takes one kernel for all of
+  rotary, cache write and attention (``ops.decode_attention_rope``) where the model's rotary embedding is the
+  rotate-half one (checked numerically when patching) and there are no q / k norms;
 - with ``fp8=True``: the MLP and the attention projections keep an FP8 copy of their weights (e4m3, one scale per
   output channel); at decode the post-attention norm writes FP8 activations with per-token scales that the gate/up
   GEMM reads directly, swiglu quantizes per token for down, the input norm writes FP8 rows with per-token scales
@@ -131,6 +134,11 @@ class _TracedOps:
     @staticmethod
     def decode_attention(q, k, v, mask=None, *, scale, causal=False):
         return _custom_ops().decode_attention(q, k, v, mask, float(scale), causal)
+
+    @staticmethod
+    def decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale):
+        return _custom_ops().decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask,
+                                                   float(scale))
 
 
 _TRACED_OPS = _TracedOps()
@@ -255,12 +263,16 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
         q, k = self.q_norm(q), self.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     cos, sin = position_embeddings
+    interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                          mod.eager_attention_forward)
+    if p["rope_step"] and q.shape[2] == 1:
+        out = _rope_step(self, ops, interface, past_key_values, q, k, v, cos, sin, attention_mask, kwargs)
+        if out is not None:
+            return self.o_proj(out.view(*input_shape, -1)), None
     q, k = mod.apply_rotary_pos_emb(q, k, cos, sin)
     if past_key_values is not None:
         k, v = past_key_values.update(k, v, self.layer_idx, kwargs=kwargs) if p["update_kwargs"] else \
             past_key_values.update(k, v, self.layer_idx)
-    interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                          mod.eager_attention_forward)
     out = _decode_attention(self, ops, interface, q, k, v, attention_mask, kwargs) if p["attention"] else None
     if out is not None:
         return self.o_proj(out.view(*input_shape, -1)), None
@@ -272,11 +284,11 @@ def _attn_forward(self, hidden_states, position_embeddings=None, attention_mask=
     return self.o_proj(out), weights
 
 
-def _decode_attention(self, ops, interface, q, k, v, mask, kwargs):
-    """``ops.decode_attention`` where it computes what the model's attention function would: transformers' own
-    sdpa or eager function (any other, e.g. flash or a user's registration, keeps running), no dropout, no
-    attention weights asked for, a mask that is None, boolean or additive in q's dtype. None: run the model's.
-    Sliding windows need nothing here: these two functions take the window from the mask, as this does."""
+def _attention_args(self, interface, q, k, v, mask, kwargs):
+    """(mask, causal) with which ``ops.decode_attention`` computes what the model's attention function would:
+    transformers' own sdpa or eager function (any other, e.g. flash or a user's registration, keeps running), no
+    dropout, no attention weights asked for, a mask that is None, boolean or additive in q's dtype. None: run the
+    model's. Sliding windows need nothing here: these two functions take the window from the mask, as this does."""
     fns = self._rocjit_fns
     if interface is not fns.sdpa_attention_forward and interface is not fns.eager_attention_forward:
         return None
@@ -297,7 +309,97 @@ def _decode_attention(self, ops, interface, q, k, v, mask, kwargs):
     if (q.dtype not in (torch.float16, torch.bfloat16) or D % 8 or D > 256 or q.shape[1] % k.shape[1]
             or k.shape[3] != D or v.shape != k.shape or q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1):
         return None
-    return ops.decode_attention(q, k, v, mask, scale=self.scaling, causal=causal)
+    return mask, causal
+
+
+def _decode_attention(self, ops, interface, q, k, v, mask, kwargs):
+    """``ops.decode_attention`` where it computes what the model's attention function would (_attention_args);
+    None: run the model's."""
+    args = _attention_args(self, interface, q, k, v, mask, kwargs)
+    if args is None:
+        return None
+    return ops.decode_attention(q, k, v, args[0], scale=self.scaling, causal=args[1])
+
+
+_STATIC_LAYER: list = []      # [transformers' StaticLayer class, or None where its update is not the one known here]
+
+
+def _static_layer_class():
+    """transformers' StaticLayer where its update is the one _rope_step reproduces: the new states written with
+    index_copy_ at cumulative_length, which then grows by their count. None otherwise (another version)."""
+    if not _STATIC_LAYER:
+        cls = None
+        try:
+            from transformers.cache_utils import StaticLayer
+            src = inspect.getsource(StaticLayer.update)
+            known = ("cache_position = torch.arange(kv_length, device=self.device) + self.cumulative_length",
+                     "self.cumulative_length.add_(kv_length)", "self.keys.index_copy_(2, cache_position, key_states)",
+                     "self.values.index_copy_(2, cache_position, value_states)")
+            if all(k in src for k in known):
+                cls = StaticLayer
+        except (ImportError, AttributeError, OSError, TypeError):
+            pass
+        _STATIC_LAYER.append(cls)
+    return _STATIC_LAYER[0]
+
+
+def _static_layer(cache, idx: int):
+    """The cache's layer `idx` where it is an initialized StaticLayer of the known kind (not a subclass: sliding
+    windows and indexed layers write elsewhere) and the cache does no offloading; else None."""
+    cls = _static_layer_class()
+    layers = getattr(cache, "layers", None)
+    if cls is None or layers is None or getattr(cache, "offloading", False) or idx >= len(layers):
+        return None
+    layer = layers[idx]
+    if type(layer) is not cls or not getattr(layer, "is_initialized", False):
+        return None
+    return layer
+
+
+def _rope_step(self, ops, interface, cache, q, k, v, cos, sin, mask, kwargs):
+    """One decode token against a static cache in one kernel: rotary of q and k, k and v into the cache at its
+    cumulative length, attention (ops.decode_attention_rope), then the length grows by one as the layer's own
+    update would. None: the model's path (another cache, a mask or layout the kernel does not take)."""
+    layer = _static_layer(cache, self.layer_idx)
+    if layer is None:
+        return None
+    keys, values = layer.keys, layer.values
+    torch = _torch()
+    B, D = q.shape[0], q.shape[3]
+    if (keys.dim() != 4 or tuple(keys.shape[:2]) != (B, k.shape[1]) or keys.shape[3] != D or values.shape != keys.shape
+            or keys.dtype != q.dtype or values.dtype != q.dtype or D % 16 or cos.dtype != q.dtype
+            or sin.dtype != q.dtype or cos.dim() != 3 or cos.shape[0] not in (1, B) or tuple(cos.shape[1:]) != (1, D)
+            or sin.shape != cos.shape or cos.stride(2) != 1 or sin.stride(2) != 1 or k.stride(3) != 1
+            or v.stride(3) != 1 or layer.cumulative_length.dtype != torch.int64
+            or layer.cumulative_length.device != q.device):
+        return None
+    args = _attention_args(self, interface, q, keys, values, mask, kwargs)
+    if args is None or args[1]:
+        return None
+    out = ops.decode_attention_rope(q, k, v, cos, sin, keys, values, layer.cumulative_length, args[0],
+                                    scale=self.scaling)
+    layer.cumulative_length.add_(1)
+    return out
+
+
+def _rotate_half_rope(fn) -> bool:
+    """Whether the model's apply_rotary_pos_emb(q, k, cos, sin) is q cos + rotate_half(q) sin (and the same for
+    k), rotate_half(x) = [-x[D/2:], x[:D/2]], cos / sin [B, S, D] broadcast over heads: tried on random float64
+    tensors on the CPU."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 1, 16, generator=g, dtype=torch.float64), torch.randn(2, 1, 1, 16, generator=g,
+                                                                                   dtype=torch.float64)
+    cos, sin = torch.randn(2, 1, 16, generator=g, dtype=torch.float64), torch.randn(2, 1, 16, generator=g,
+                                                                                    dtype=torch.float64)
+
+    def ref(x):
+        return x * cos[:, None] + torch.cat([-x[..., 8:], x[..., :8]], -1) * sin[:, None]
+    try:
+        qr, kr = fn(q, k, cos, sin)
+        return bool(torch.allclose(qr, ref(q)) and torch.allclose(kr, ref(k)))
+    except Exception:       # any other signature or convention: the model's own path
+        return False
 
 
 class _AttentionFunctions:
@@ -380,6 +482,9 @@ def _patch_attention(attn, fp8: bool, fmt, max_m: int, attention: bool):
          "sliding": "sliding_window=" in src, "qk_norm": "self.q_norm(" in src,
          # newer transformers hand the attention's keyword arguments to the cache update too
          "update_kwargs": "self.layer_idx, kwargs=kwargs)" in src}
+    # rotary, cache write and attention in one kernel for a decode token over a static cache (_rope_step)
+    p["rope_step"] = attention and not p["qk_norm"] and \
+        _rotate_half_rope(getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb"))
     if fp8:
         p["qkv_fp8"], p["qkv_scale"] = quantize_weight_fp8(qkv, fmt)
     setattr(attn, _ATTR, p)
@@ -517,6 +622,7 @@ def patch(model, *, fp8: bool = False, max_m: int | None = None, attention: bool
     if not 1 <= max_m <= skinny.MAX_M:
         raise PatchError(f"max_m must be 1..{skinny.MAX_M}, got {max_m}")
     fmt = _fp8_format(p0.device) if fp8 else None
+    _static_layer_class()       # read transformers' StaticLayer source now, never while torch.compile traces
     patched = []
     warned = False
     with torch.no_grad():

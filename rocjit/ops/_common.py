@@ -263,6 +263,12 @@ def dummy_f32(device_index: int):
     return tm.zeros(1, dtype=tm.float32, device=f"cuda:{device_index}")
 
 
+def dummy_i64(device_index: int):
+    """A 1-element int64 tensor for unused int64 pointer parameters."""
+    tm = torch()
+    return tm.zeros(1, dtype=tm.int64, device=f"cuda:{device_index}")
+
+
 # ----------------------------------------------------------------------------- torch custom ops
 _registered: dict[str, object] = {}
 

@@ -11,6 +11,15 @@ block reads a key / value head once for all the query rows that share it, and lo
 blocks whose partial softmaxes a second kernel merges. q, k and v may have any strides with a contiguous last
 dimension (a static cache's tensors, a transposed q); the output is contiguous [B, S, Hq, D], which an output
 projection reads as [B, S, Hq * D]. Rows whose keys are all masked get zeros. D is a multiple of 8, at most 256.
+
+    out = decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask)
+
+One decode step of a rotary model in one kernel: q [B, Hq, 1, D] and the new key / value [B, Hkv, 1, D] as the
+projections made them, cos / sin [B or 1, 1, D] (the rotate-half convention of Llama, Mistral, Qwen: x cos +
+rotate_half(x) sin, rotate_half(x) = [-x[D/2:], x[:D/2]]). The kernel rotates q and the key, writes the key and v
+into the caches [B, Hkv, L, D] at `position` (an int64 tensor of one element on the GPU, read there: no host
+sync), and attends q over the updated cache with the mask as decode_attention. A position outside 0 .. L - 1
+writes nothing and gives NaN outputs (the kernel cannot raise). D is a multiple of 16.
 """
 from typing import Optional
 
@@ -85,7 +94,8 @@ def kernel_config(B, hq, hkv, S, L, D, wave: int, sms: int):
     return k_rows, groups, warps, unroll, per_split, C.ceil_div(L1, per_split)
 
 
-def _run(call, q, k, v, mask, scale, causal, out):
+def _run(call, q, k, v, mask, scale, causal, out, rope=None):
+    """rope: (k_new, v_new, cos, sin, position) for decode_attention_rope; k, v are then the caches."""
     tm = C.torch()
     B, hq, S, D = q.shape
     hkv, L = k.shape[1], k.shape[2]
@@ -104,26 +114,38 @@ def _run(call, q, k, v, mask, scale, causal, out):
                                                                      info["sms"])
     ttype = C.kernel_type(q.dtype)
     strides = _strides(q) + _strides(k) + _strides(v)
-    is_aligned = C.aligned(q, k, v) and all(st % 8 == 0 for st in strides)
+    if rope is not None:
+        kn, vn, cs, sn, pos = rope
+        rope_strides = _strides(kn)[:2] + _strides(vn)[:2] + _strides(cs)[:1]
+        is_aligned = C.aligned(q, k, v, kn, vn, cs, sn) and all(st % 8 == 0 for st in strides + rope_strides)
+    else:
+        is_aligned = C.aligned(q, k, v) and all(st % 8 == 0 for st in strides)
     kmask = 0 if mask is None else 1 if mask.dtype == tm.bool else 2
     if kmask == 2:
         unroll = min(unroll, 2)         # an additive mask's values take registers too
+    if rope is not None:                # the new key and value held in registers: one key fewer in flight
+        unroll = min(unroll, 2 if kmask != 2 else 1)   # (sm_90a, 16 waves: unroll 3 / additive 2 spill)
     mod = C.module(_SRC)
-    kern = mod[f"decode_attention_kernel<{ttype}, {D}, {k_rows}, {kmask}, {C.cbool(is_aligned)}, {warps}, {unroll}>"]
+    kern = mod[f"decode_attention_kernel<{ttype}, {D}, {k_rows}, {kmask}, {C.cbool(is_aligned)}, {warps}, {unroll}, "
+               f"{C.cbool(rope is not None)}>"]
     dummy = call.const(C.dummy_f32(dev))
     if nsplit > 1:
         part = call.empty((B * hq * S * nsplit * D,), tm.float32, q.device)
         part_ml = call.empty((B * hq * S * nsplit * 2,), tm.float32, q.device)
     else:
         part = part_ml = dummy
+    # without rope its pointers are never read: the output stands in for the T* ones
+    tensors = (q, k, v, mask if mask is not None else dummy) + \
+        ((kn, vn, cs, sn, pos) if rope is not None else (out,) * 4 + (call.const(C.dummy_i64(dev)),))
     args = []
-    for t in (q, k, v, mask if mask is not None else dummy):
+    for t in tensors:
         if not t.is_contiguous():       # a strided view goes by address: no plan can name it (nor replay it)
             call.forget()
             t = t.data_ptr()
         args.append(t)
-    call.launch(kern, (B * hkv, nsplit, groups), warps * info["wave"], out, part, part_ml, *args,
-                hkv, hq // hkv, S, L, per_split, *strides, *_mask_strides(mask), scale, int(causal))
+    call.launch(kern, (B * hkv, nsplit, groups), warps * info["wave"], out, part, part_ml, *args[:4],
+                hkv, hq // hkv, S, L, per_split, *strides, *_mask_strides(mask), scale, int(causal), *args[4:],
+                *(rope_strides if rope is not None else (0,) * 5))
     if nsplit > 1:
         call.launch(mod[f"decode_attention_combine<{ttype}, {D}>"], B * hq * S, D, out, part, part_ml, hq, S,
                     nsplit)
@@ -169,4 +191,76 @@ def decode_attention(call, q, k, v, mask=None, *, scale=None, causal=False, out=
         y = C.into_out(decode_attention.__rocjit_op__.torch_op()(qt, kt, vt, mt, sc, causal), ot)
     else:
         y = _run(call, qt, kt, vt, mt, sc, causal, ot)
+    return call.done(C.to_caller(y, out, fw))
+
+
+# ----------------------------------------------------------------------------- rotary + cache update + attention
+def _check_rope(name, q, k, v, cos, sin, k_cache, v_cache, position, mask):
+    _check(name, q, k_cache, v_cache, mask)
+    B, Hq, S, D = q.shape
+    hkv = k_cache.shape[1]
+    if S != 1:
+        raise ValueError(f"{name}: q must hold one new token per sequence ([B, Hq, 1, D]), got {tuple(q.shape)}")
+    if D % 16:
+        raise ValueError(f"{name}: the head dimension must be a multiple of 16 (rotary halves), got {D}")
+    for n, t in (("k", k), ("v", v)):
+        C.check_tensor(name, n, t, dtypes=(q.dtype,), shape=(B, hkv, 1, D), device=q.device, contiguous=False)
+    for n, t in (("cos", cos), ("sin", sin)):
+        C.check_tensor(name, n, t, dtypes=(q.dtype,), dim=3, device=q.device, contiguous=False)
+        if t.shape[0] not in (1, B) or tuple(t.shape[1:]) != (1, D):
+            raise ValueError(f"{name}: {n} must be [B or 1, 1, D] = [{B} or 1, 1, {D}], got {tuple(t.shape)}")
+    if cos.shape != sin.shape or _strides(cos) != _strides(sin):
+        raise ValueError(f"{name}: cos and sin must have one shape and layout, got {tuple(cos.shape)} / "
+                         f"{cos.stride()} and {tuple(sin.shape)} / {sin.stride()}")
+    C.check_tensor(name, "position", position, dtypes=(C.torch().int64,), device=q.device, contiguous=False)
+    if position.numel() != 1:
+        raise ValueError(f"{name}: position must hold one element (the new token's cache index), got shape "
+                         f"{tuple(position.shape)}")
+    for n, t in (("k", k), ("v", v), ("cos", cos), ("sin", sin)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: {n} must have a contiguous last dimension, got strides {t.stride()}")
+        if any(abs(st) > _MAX_STRIDE for st in t.stride()):
+            raise ValueError(f"{name}: {n} has a stride past 2^31 - 1 elements: {t.stride()}")
+    if k_cache is v_cache or (not C.compiling() and k_cache.data_ptr() == v_cache.data_ptr()):
+        raise ValueError(f"{name}: k_cache and v_cache must be different tensors")
+
+
+def _rope_custom_op():
+    """(impl, fake) of torch.ops.rocjit.decode_attention_rope (writes k_cache and v_cache)."""
+    tm = C.torch()
+    Tensor = tm.Tensor
+
+    def impl(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+             position: Tensor, mask: Optional[Tensor], scale: float) -> Tensor:
+        name = "decode_attention_rope"
+        _check_rope(name, q, k, v, cos, sin, k_cache, v_cache, position, mask)
+        return _run(UNRECORDED, q, k_cache, v_cache, mask, float(scale), False, None,
+                    rope=(k, v, cos, sin, position.reshape(1)))
+
+    def fake(q, k, v, cos, sin, k_cache, v_cache, position, mask, scale):
+        B, hq, S, D = q.shape
+        return q.new_empty((B, S, hq, D))
+
+    return impl, fake
+
+
+@op(roles="TTTTTTTTTOT", sources=(_SRC,), bench="decode", custom_op=_rope_custom_op,
+    mutates_args=("k_cache", "v_cache"))
+def decode_attention_rope(call, q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale=None, out=None):
+    """Rotary embedding of q [B, Hq, 1, D] and the new key [B, Hkv, 1, D], the key and v written into k_cache /
+    v_cache [B, Hkv, L, D] at `position`, then decode_attention of q over the caches: out [B, 1, Hq, D]."""
+    name = "decode_attention_rope"
+    qt, fw = C.to_torch(q, "q", name)
+    kt, vt = C.to_torch(k, "k", name)[0], C.to_torch(v, "v", name)[0]
+    ct, st = C.to_torch(cos, "cos", name)[0], C.to_torch(sin, "sin", name)[0]
+    kc, vc = C.to_torch(k_cache, "k_cache", name)[0], C.to_torch(v_cache, "v_cache", name)[0]
+    pt = C.to_torch(position, "position", name)[0]
+    mt = C.torch_or_none(mask, "mask", name)
+    ot = C.torch_or_none(out, "out", name)
+    _check_rope(name, qt, kt, vt, ct, st, kc, vc, pt, mt)
+    sc = _scale(name, scale, qt.shape[3])
+    if C.compiling():
+        y = C.into_out(decode_attention_rope.__rocjit_op__.torch_op()(qt, kt, vt, ct, st, kc, vc, pt, mt, sc), ot)
+    else:
+        y = _run(call, qt, kc, vc, mt, sc, False, ot, rope=(kt, vt, ct, st, pt.reshape(1)))
     return call.done(C.to_caller(y, out, fw))

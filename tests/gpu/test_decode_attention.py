@@ -178,3 +178,115 @@ def test_errors_name_the_argument():
         ops.decode_attention(q.cpu(), k.cpu(), v.cpu())
     with pytest.raises(ValueError, match="k is on"):
         ops.decode_attention(q, k.cpu(), v)
+
+
+# ----------------------------------------------------------------------------- decode_attention_rope
+def rotate(x, cos, sin):
+    """float64 rotary embedding, rotate-half convention: x [B, H, 1, D], cos / sin [B or 1, 1, D]."""
+    x, c, s = (t.detach().double().cpu() for t in (x, cos, sin))
+    h = x.shape[-1] // 2
+    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return x * c[:, None] + rot * s[:, None]
+
+
+def rope_case(B, hq, hkv, L, D, dtype, pos, cos_batch=True):
+    qkv = rand((B, 1, (hq + 2 * hkv) * D), dtype)        # the projections' output, as a model splits it
+    q, k, v = qkv.view(B, 1, hq + 2 * hkv, D).split([hq, hkv, hkv], dim=2)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    ang = torch.rand((B if cos_batch else 1, 1, D // 2), device="cuda") * 6.3
+    ang = torch.cat([ang, ang], dim=-1)
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    kc, vc = rand((B, hkv, L, D), dtype), rand((B, hkv, L, D), dtype)
+    return q, k, v, cos, sin, kc, vc, torch.tensor([pos], device="cuda")
+
+
+ROPE_CASES = [  # B, Hq, Hkv, L, D, position
+    (1, 32, 8, 72, 128, 40),      # Llama-8B decode over a static cache, the new token mid-cache
+    (1, 32, 8, 4099, 128, 4098),  # long cache split across blocks: the new key in the partial last split
+    (3, 28, 4, 517, 128, 0),      # Qwen2-7B heads, the first position
+    (2, 8, 1, 300, 256, 150),     # multi-query, the largest head dimension
+    (1, 8, 2, 61, 64, 60),        # the last position
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ROPE_CASES)
+def test_rope_against_float64(case, dtype):
+    B, hq, hkv, L, D, pos = case
+    torch.manual_seed(sum(case))
+    q, k, v, cos, sin, kc, vc, p = rope_case(B, hq, hkv, L, D, dtype, pos, cos_batch=B > 1)
+    kc0, vc0 = kc.clone(), vc.clone()
+    # a causal mask over the filled part of the cache, as a model's static cache has it (later slots hold junk)
+    mask = (torch.arange(L, device="cuda") <= pos)[None, None, None, :]
+    out = ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, p, mask, out=poisoned(B, 1, hq, D, dtype))
+    k_rot = rotate(k, cos, sin)
+    # the caches: the new key (rotated, rounded to the cache's dtype) and value at pos, every other row untouched
+    want_k, want_v = kc0.clone(), vc0.clone()
+    want_k[:, :, pos] = k_rot[:, :, 0].to(dtype).cuda()
+    want_v[:, :, pos] = v[:, :, 0]
+    assert torch.equal(vc, want_v)
+    kerr = (kc.double() - want_k.double()).abs()
+    assert (kerr <= TOL[dtype] * (1 + want_k.double().abs())).all()
+    assert torch.equal(torch.cat([kc[:, :, :pos], kc[:, :, pos + 1:]], 2),
+                       torch.cat([kc0[:, :, :pos], kc0[:, :, pos + 1:]], 2))
+    ref = reference(rotate(q, cos, sin), kc, vc, mask)    # q rotated in float64, the cache as written
+    check(out, ref, dtype)
+
+
+def test_rope_matches_the_unfused_ops_and_refuses_bad_input():
+    """The same step through decode_attention (rotation and cache write in torch) gives the same output; bad
+    arguments get named errors; a position outside the cache writes nothing and gives NaN."""
+    dtype = torch.bfloat16
+    B, hq, hkv, L, D, pos = 2, 16, 4, 90, 128, 33
+    q, k, v, cos, sin, kc, vc, p = rope_case(B, hq, hkv, L, D, dtype, pos)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, p)
+    kc2[:, :, pos] = rotate(k, cos, sin)[:, :, 0].to(dtype).cuda()
+    vc2[:, :, pos] = v[:, :, 0]
+    check(got, reference(rotate(q, cos, sin), kc2, vc2), dtype)
+    with pytest.raises(ValueError, match="position must hold one element"):
+        ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, torch.tensor([1, 2], device="cuda"))
+    with pytest.raises(TypeError, match="position must have dtype int64"):
+        ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, p.int())
+    with pytest.raises(ValueError, match="one new token"):
+        ops.decode_attention_rope(torch.cat([q, q], 2), k, v, cos, sin, kc, vc, p)
+    with pytest.raises(ValueError, match=r"cos must be \[B or 1, 1, D\]"):
+        ops.decode_attention_rope(q, k, v, cos[..., :64], sin[..., :64], kc, vc, p)
+    with pytest.raises(ValueError, match="k must have shape"):
+        ops.decode_attention_rope(q, k[:1], v, cos, sin, kc, vc, p)
+    with pytest.raises(ValueError, match="different tensors"):
+        ops.decode_attention_rope(q, k, v, cos, sin, kc, kc, p)
+    before_k, before_v = kc.clone(), vc.clone()
+    for bad in (L, -1):
+        out = ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, torch.tensor([bad], device="cuda"))
+        assert torch.isnan(out).all()
+    assert torch.equal(kc, before_k) and torch.equal(vc, before_v)
+
+
+def test_rope_under_compile_and_graph():
+    """torch.compile(fullgraph) with the caches as mutated inputs, and a CUDA graph replayed with a new position:
+    each against float64."""
+    dtype = torch.bfloat16
+    B, hq, hkv, L, D = 1, 32, 8, 64, 128
+    q, k, v, cos, sin, kc, vc, p = rope_case(B, hq, hkv, L, D, dtype, 5)
+
+    def step(q, k, v, cos, sin, kc, vc, p):
+        return ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, p) * 1.0
+    f = torch.compile(step, fullgraph=True)
+    for pos in (5, 6, 7):
+        p.fill_(pos)
+        kc0 = kc.clone()
+        got = f(q, k, v, cos, sin, kc, vc, p)
+        kc0[:, :, pos] = rotate(k, cos, sin)[:, :, 0].to(dtype).cuda()
+        assert torch.equal(vc[:, :, pos], v[:, :, 0])
+        check(got, reference(rotate(q, cos, sin), kc, vc), dtype)
+        assert ((kc.double() - kc0.double()).abs() <= 2e-2 * (1 + kc0.double().abs())).all()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, p)
+    for pos in (20, 41):
+        p.fill_(pos)
+        out.fill_(float("nan"))
+        g.replay()
+        assert torch.equal(vc[:, :, pos], v[:, :, 0])
+        check(out, reference(rotate(q, cos, sin), kc, vc), dtype)

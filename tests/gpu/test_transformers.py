@@ -168,3 +168,61 @@ def model_stock_copy(model):
     c = copy.deepcopy(model)
     rt.unpatch(c)
     return c
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_static_cache_decode_fuses_rotary_and_cache_write(monkeypatch, compiled):
+    """A decode token over StaticCache takes ops.decode_attention_rope (rotary, cache write and attention in one
+    kernel): the cache ends as the stock model's update leaves it (same positions, same length, keys and values
+    within bf16 noise) and the logits stay within the bf16 bound of the float32 stock model."""
+    import copy
+    model = _model("llama", seed=2)
+    stock = copy.deepcopy(model)
+    rt.patch(model)
+    traced = []
+    real = rt._TRACED_OPS.decode_attention_rope
+    monkeypatch.setattr(rt._TRACED_OPS, "decode_attention_rope",
+                        lambda *a, **k: (traced.append(1), real(*a, **k))[1])
+    calls = []
+    real_public = rt._ops
+
+    def counting_ops():
+        ops = real_public()
+        if ops is rt._TRACED_OPS:
+            return ops
+
+        class Counting:
+            def __getattr__(self, name):
+                fn = getattr(ops, name)
+                return (lambda *a, **k: (calls.append(name), fn(*a, **k))[1]) if name == "decode_attention_rope" \
+                    else fn
+        return Counting()
+    monkeypatch.setattr(rt, "_ops", counting_ops)
+    ids = torch.randint(0, 1000, (2, 9), device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+    steps = 4
+    caches, logits = [], []
+    with torch.no_grad():
+        for m in (stock, model):
+            cache = transformers.StaticCache(config=m.config, max_cache_len=40)
+            m(input_ids=ids, past_key_values=cache, use_cache=True)
+            fn = (lambda t, p, m=m, cache=cache: m(input_ids=t, past_key_values=cache, cache_position=p,
+                                                     use_cache=True).logits)
+            if compiled and m is model:
+                fn = torch.compile(fn, fullgraph=True)
+            tok, seq, out = ids[:, -1:], ids, []
+            for i in range(steps):
+                lg = fn(tok, torch.tensor([ids.shape[1] + i], device="cuda"))
+                seq = torch.cat([seq, tok], 1)
+                out.append(lg[:, -1:].clone())
+                tok = ids[:, i:i + 1]            # both models fed the same tokens
+            caches.append(cache)
+            logits.append(torch.cat(out, 1))
+    assert (traced if compiled else calls), "decode_attention_rope was not used"
+    n = ids.shape[1] + steps
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert int(a.cumulative_length) == int(b.cumulative_length) == n
+        for x, y in ((a.keys, b.keys), (a.values, b.values)):
+            assert torch.equal(x[:, :, n:], y[:, :, n:])
+            assert _rel(y[:, :, :n], x[:, :, :n]) < 0.02
+    assert _rel(logits[1], logits[0]) < 0.03
+    rt.unpatch(model)
