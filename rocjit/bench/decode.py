@@ -26,6 +26,12 @@ Rows (every peer measured in the same run):
   against torch's scaled_dot_product_attention given the key / value heads already repeated to 32 (as
   transformers' sdpa path does before calling it; the repeat is not timed): with the mask (the memory-efficient
   backend, what a masked decode step runs) and without (flash). floor_us: K and V read once at copy bandwidth.
+- attn_decode_rope: ops.decode_attention_rope (rotary of q and the new key, the key / value written into a static
+  cache at a device-side position, attention; one kernel) at the same heads, B = 1 / 8 over a 1024-key cache with
+  the new token at 700 (a boolean mask up to it), CUDA-graph replays, against the same step as transformers'
+  StaticCache runs it: rotate-half rotary in torch, index_copy_ into the caches, then ops.decode_attention
+  (`torch_rope_index_copy_then_ours`), and that sequence compiled by torch.compile (`torch_compile_then_ours`).
+  rel_err: the output against float64 (q and the new key rotated in float64, the cache as the kernel wrote it).
 - eager_host_<op>: host µs per repeated eager call of each op against its torch eager equivalent and against raw
   rocjit launches of empty kernels with the same parameters as each launch the op makes (the `raw_launches` peer,
   the sum over its launches) and their ratio ours / raw (the goal: <= 1.5). ours_out_us: the same call
@@ -398,6 +404,51 @@ def _attention(result, quick):
                         speedup_vs_sdpa_masked=peers["torch_sdpa_masked"] / t_ours)
         print(row, flush=True)
         del q, k, v, kr, vr, mask
+    torch.cuda.empty_cache()
+    for B in ((1, 8) if not quick else (1,)):
+        _attention_rope(result, B, 1024, 700)
+
+
+def _attention_rope(result, B, L, pos):
+    import torch
+    import rocjit.ops as ops
+    bf = torch.bfloat16
+    g = torch.Generator("cuda").manual_seed(B)
+    qkv = torch.randn(B, 1, (32 + 16) * 128, device="cuda", generator=g).to(bf)
+    q, k, v = qkv.view(B, 1, 48, 128).split([32, 8, 8], dim=2)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    ang = torch.rand(B, 1, 64, device="cuda", generator=g) * 6.28
+    cos, sin = torch.cat([ang, ang], -1).cos().to(bf), torch.cat([ang, ang], -1).sin().to(bf)
+    kc, vc = (torch.randn(B, 8, L, 128, device="cuda", generator=g).to(bf) for _ in range(2))
+    position = torch.tensor([pos], device="cuda")
+    mask = (torch.arange(L, device="cuda") <= pos)[None, None, None, :]
+
+    def rotate(x):
+        return x * cos[:, None] + torch.cat([-x[..., 64:], x[..., :64]], -1) * sin[:, None]
+
+    def unfused():
+        qr, kr = rotate(q), rotate(k)
+        kc.index_copy_(2, position, kr)
+        vc.index_copy_(2, position, v)
+        return ops.decode_attention(qr, kc, vc, mask)
+    compiled = torch.compile(unfused, fullgraph=True)
+    got = ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, position, mask)
+    torch.cuda.synchronize()
+    qd, kd = (t.double() for t in (q, k))
+    c64, s64 = cos.double()[:, None], sin.double()[:, None]
+    qr64 = qd * c64 + torch.cat([-qd[..., 64:], qd[..., :64]], -1) * s64
+    kk, vv = kc.double().repeat_interleave(4, 1), vc.double().repeat_interleave(4, 1)
+    sc = (qr64 @ kk.transpose(-1, -2)) / 128 ** 0.5
+    ref = torch.softmax(sc.masked_fill(~mask, float("-inf")), -1) @ vv
+    t_ours = H.time_graph([lambda: ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, position, mask)])
+    compiled()                      # compile outside the timed graph
+    peers = {"torch_rope_index_copy_then_ours": H.time_graph([unfused]),
+             "torch_compile_then_ours": H.time_graph([compiled])}
+    row = H.add_row(result, "attn_decode_rope", (B, 32, 8, L, 128), "bfloat16", t_ours, peers,
+                    H.floor_us(2 * kc.numel() * 2 * (pos + 1) // L, result["ceilings"]),
+                    rel_err=_rel(got.double(), ref.transpose(1, 2)), position=pos)
+    print(row, flush=True)
+    del qkv, kc, vc
     torch.cuda.empty_cache()
 
 
