@@ -39,6 +39,7 @@ fewer guards for the compiled model to evaluate on every call).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import warnings
@@ -366,8 +367,8 @@ def _rope_step(self, ops, interface, cache, q, k, v, cos, sin, mask, kwargs):
     keys, values = layer.keys, layer.values
     torch = _torch()
     B, D = q.shape[0], q.shape[3]
-    if (keys.dim() != 4 or tuple(keys.shape[:2]) != (B, k.shape[1]) or keys.shape[3] != D or values.shape != keys.shape
-            or keys.dtype != q.dtype or values.dtype != q.dtype or D % 16 or cos.dtype != q.dtype
+    # (head_dim, the caches' shapes and strides: _attention_args below)
+    if (tuple(keys.shape[:2]) != (B, k.shape[1]) or keys.dtype != q.dtype or values.dtype != q.dtype or D % 16 or cos.dtype != q.dtype
             or sin.dtype != q.dtype or cos.dim() != 3 or cos.shape[0] not in (1, B) or tuple(cos.shape[1:]) != (1, D)
             or sin.shape != cos.shape or cos.stride(2) != 1 or sin.stride(2) != 1 or k.stride(3) != 1
             or v.stride(3) != 1 or layer.cumulative_length.dtype != torch.int64
@@ -382,10 +383,11 @@ def _rope_step(self, ops, interface, cache, q, k, v, cos, sin, mask, kwargs):
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _rotate_half_rope(fn) -> bool:
     """Whether the model's apply_rotary_pos_emb(q, k, cos, sin) is q cos + rotate_half(q) sin (and the same for
     k), rotate_half(x) = [-x[D/2:], x[:D/2]], cos / sin [B, S, D] broadcast over heads: tried on random float64
-    tensors on the CPU."""
+    tensors on the CPU, once per function (every layer of a model shares its module's)."""
     torch = _torch()
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 3, 1, 16, generator=g, dtype=torch.float64), torch.randn(2, 1, 1, 16, generator=g,
