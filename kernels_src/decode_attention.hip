@@ -20,6 +20,11 @@
 // as the cache stores it), and the new key / value go into the cache at position *pos (the blocks whose keys
 // hold that position use the new values from registers, and the first row group writes them; every other key
 // is read as it is). A position outside 0 .. L - 1 writes nothing and makes every output NaN.
+// kAdvance (with kRope): the position also grows by one, as a static cache layer's length does after an update,
+// with no kernel of its own. Blocks read the position as its low word; once done reading, each adds 2^32 to it
+// atomically, and the add's return says how many blocks came before (its high word less the position's own,
+// the sign of the low word); the last block stores the position + 1, which clears the high word. Exact for
+// positions in int32 range; the high word is not the position's while the kernel runs (nothing else reads it).
 //   knew, vnew [B, Hkv, 1, D] (strides nb / nh, vnb / vnh); cos, sin [B or 1, 1, D] (batch stride cb)
 // Every kernel here waits for the kernel ahead of it before touching memory (grid_dependency_sync):
 // rocjit may launch them to overlap that kernel's tail (programmatic dependent launch, sm_90+).
@@ -65,15 +70,25 @@ ROCJIT_INLINE void rope_chunk(const T* row, const T* cs, const T* sn, int col, f
 
 }  // namespace attn
 
-template <class T, int kD, int kRows, int kMask, bool kAligned, int kWarps, int kUnroll, bool kRope>
+// kAdvance: this block is done reading the position p (read as its low word): it counts itself in the high word,
+// and the last block of the launch stores p + 1, which also clears the high word (see the top of this file).
+ROCJIT_INLINE void advance_position(long long* pos_ptr, long long p) {
+    __threadfence();             // the block's reads of the position come before its count
+    const unsigned long long old = atomicAdd(reinterpret_cast<unsigned long long*>(pos_ptr), 1ull << 32);
+    const unsigned before = (unsigned)(old >> 32) - (p < 0 ? 0xffffffffu : 0u);   // blocks counted before this one
+    if (before == gridDim.x * gridDim.y * gridDim.z - 1) *pos_ptr = p + 1;
+}
+
+template <class T, int kD, int kRows, int kMask, bool kAligned, int kWarps, int kUnroll, bool kRope, bool kAdvance>
 __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
         T* out, float* part, float* part_ml, const T* q, const T* k, const T* v, const void* mask, int kv_heads,
         int group_size, int S, int L, int keys_per_split, int qb, int qh, int qs, int kb, int kh, int kl, int vb,
         int vh, int vl, int mb, int mh, int ms, int ml, float scale, int causal, const T* knew, const T* vnew,
-        const T* rcos, const T* rsin, const long long* pos_ptr, int nb, int nh, int vnb, int vnh, int cb) {
+        const T* rcos, const T* rsin, long long* pos_ptr, int nb, int nh, int vnb, int vnh, int cb) {
     using namespace attn;
     typedef layout<kD> Lay;
     static_assert(kRows <= 4 && kUnroll <= 8, "at most 4 query rows and 8 keys per lane group in flight");
+    static_assert(kRope || !kAdvance, "only a rotary step advances its position");
     static_assert(kWarps * kRows * kD <= 8192, "the waves' partial results fit 32 KB of shared memory");
     constexpr int kKeysPerIter = kWarps * Lay::kKeysPerWave * kUnroll;
     __shared__ float s_acc[kWarps][kRows][kD];
@@ -120,9 +135,14 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
     const int l_begin = split * keys_per_split;
     const int l_end = min(L, l_begin + keys_per_split);
     int pos = -1;                // kRope: the new key's position (-1: none, or out of range)
+    long long pos_read = 0;      // kRope: the position as read
     chunk_t<T> kn = zero_chunk<T>(), vn = zero_chunk<T>();
     if constexpr (kRope) {
-        const long long p = *pos_ptr;
+        // kAdvance: the low word, sign-extended (blocks already done may have counted themselves in the high word)
+        const long long p = kAdvance ? (long long)(int)(unsigned)(*reinterpret_cast<const unsigned long long*>(pos_ptr)
+                                                                  & 0xffffffffull)
+                                     : *pos_ptr;
+        pos_read = p;
         pos = p >= 0 && p < L ? (int)p : -1;
         if (has_col) {
             float f[kChunk];
@@ -241,6 +261,9 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
         }
     }
     __syncthreads();
+    if constexpr (kAdvance) {    // every thread of the block has read the position (above the barrier)
+        if (threadIdx.x == 0) advance_position(pos_ptr, pos_read);
+    }
     for (int e = threadIdx.x; e < kRows * kD; e += blockDim.x) {
         const int i = e / kD, d = e % kD, r = row0 + i;
         if (r >= rows) break;
@@ -292,13 +315,14 @@ __launch_bounds__(kD) __global__ void decode_attention_combine(T* out, const flo
     out[((b * S + s) * hq + h) * kD + d] = from_float<T>(!(sum <= 0.0f) ? o / sum : 0.0f);   // NaN stays NaN
 }
 
-// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2, false>
-// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 0, true, 8, 1, false>
-// rocjit:check decode_attention_kernel<__half, 64, 2, 2, false, 8, 1, false>
-// rocjit:check decode_attention_kernel<__half, 256, 4, 1, true, 8, 2, false>
-// rocjit:check decode_attention_kernel<__hip_bfloat16, 96, 1, 2, true, 8, 2, false>
-// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2, true>
-// rocjit:check decode_attention_kernel<__half, 64, 2, 2, false, 16, 1, true>
-// rocjit:check decode_attention_kernel<__hip_bfloat16, 256, 4, 0, true, 8, 2, true>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2, false, false>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 0, true, 8, 1, false, false>
+// rocjit:check decode_attention_kernel<__half, 64, 2, 2, false, 8, 1, false, false>
+// rocjit:check decode_attention_kernel<__half, 256, 4, 1, true, 8, 2, false, false>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 96, 1, 2, true, 8, 2, false, false>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2, true, false>
+// rocjit:check decode_attention_kernel<__half, 64, 2, 2, false, 16, 1, true, false>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 256, 4, 0, true, 8, 2, true, false>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2, true, true>
 // rocjit:check decode_attention_combine<__hip_bfloat16, 128>
 // rocjit:check decode_attention_combine<__half, 256>

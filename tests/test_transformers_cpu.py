@@ -211,7 +211,8 @@ class _ReferenceOps:
         p = torch.softmax(s, -1)
         return (p @ v.float().repeat_interleave(g, 1)).transpose(1, 2).contiguous().to(q.dtype)
 
-    def decode_attention_rope(self, q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale):
+    def decode_attention_rope(self, q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale,
+                              advance=False):
         assert q.shape[2] == 1 and position.dtype == torch.int64 and position.numel() == 1
         h = q.shape[-1] // 2
 
@@ -220,7 +221,10 @@ class _ReferenceOps:
             return x * cos.float()[:, None] + torch.cat([-x[..., h:], x[..., :h]], -1) * sin.float()[:, None]
         k_cache.index_copy_(2, position.reshape(1), rot(k).to(k_cache.dtype))
         v_cache.index_copy_(2, position.reshape(1), v)
-        return self.decode_attention(rot(q).to(q.dtype), k_cache, v_cache, mask, scale=scale)
+        out = self.decode_attention(rot(q).to(q.dtype), k_cache, v_cache, mask, scale=scale)
+        if advance:
+            position.add_(1)
+        return out
 
 
 class _Recorder:
@@ -278,10 +282,11 @@ class _ReferenceCustomOps:
         self.calls.append("decode_attention")
         return self.ref.decode_attention(q, k, v, mask, scale=scale, causal=causal)
 
-    def decode_attention_rope(self, q, k, v, cos, sin, k_cache, v_cache, position, mask, scale):
-        assert isinstance(scale, float)
+    def decode_attention_rope(self, q, k, v, cos, sin, k_cache, v_cache, position, mask, scale, advance):
+        assert isinstance(scale, float) and isinstance(advance, bool)
         self.calls.append("decode_attention_rope")
-        return self.ref.decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask, scale=scale)
+        return self.ref.decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask, scale=scale,
+                                              advance=advance)
 
 
 def _family_models(family):

@@ -137,9 +137,9 @@ class _TracedOps:
         return _custom_ops().decode_attention(q, k, v, mask, float(scale), causal)
 
     @staticmethod
-    def decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale):
+    def decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale, advance=False):
         return _custom_ops().decode_attention_rope(q, k, v, cos, sin, k_cache, v_cache, position, mask,
-                                                   float(scale))
+                                                   float(scale), advance)
 
 
 _TRACED_OPS = _TracedOps()
@@ -305,7 +305,7 @@ def _attention_args(self, interface, q, k, v, mask, kwargs):
             causal = True
     elif mask.dim() != 4 or mask.dtype not in (torch.bool, q.dtype) or mask.shape[-1] < L:
         return None
-    else:
+    elif mask.shape[-1] != L:
         mask = mask[:, :, :, :L]
     if (q.dtype not in (torch.float16, torch.bfloat16) or D % 8 or D > 256 or q.shape[1] % k.shape[1]
             or k.shape[3] != D or v.shape != k.shape or q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1):
@@ -359,7 +359,7 @@ def _static_layer(cache, idx: int):
 
 def _rope_step(self, ops, interface, cache, q, k, v, cos, sin, mask, kwargs):
     """One decode token against a static cache in one kernel: rotary of q and k, k and v into the cache at its
-    cumulative length, attention (ops.decode_attention_rope), then the length grows by one as the layer's own
+    cumulative length, attention (ops.decode_attention_rope), and the length grows by one as the layer's own
     update would. None: the model's path (another cache, a mask or layout the kernel does not take)."""
     layer = _static_layer(cache, self.layer_idx)
     if layer is None:
@@ -377,10 +377,9 @@ def _rope_step(self, ops, interface, cache, q, k, v, cos, sin, mask, kwargs):
     args = _attention_args(self, interface, q, keys, values, mask, kwargs)
     if args is None or args[1]:
         return None
-    out = ops.decode_attention_rope(q, k, v, cos, sin, keys, values, layer.cumulative_length, args[0],
-                                    scale=self.scaling)
-    layer.cumulative_length.add_(1)
-    return out
+    # the kernel also grows the length by one (advance): no kernel of its own for that, each a step's graph node
+    return ops.decode_attention_rope(q, k, v, cos, sin, keys, values, layer.cumulative_length, args[0],
+                                     scale=self.scaling, advance=True)
 
 
 @functools.lru_cache(maxsize=None)

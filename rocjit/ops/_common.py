@@ -273,14 +273,17 @@ def dummy_i64(device_index: int):
 _registered: dict[str, object] = {}
 
 
-def custom_op(name: str, build, *, mutates_args=()):
+def custom_op(name: str, build, *, mutates_args=(), flexible_layout: bool = False):
     """torch.ops.rocjit.<name>, registered on first use: `build()` returns (impl, fake), `impl` running the
     kernels and `fake` giving output metadata. Every later call, eager or while torch.compile traces, is this
-    one dict lookup."""
+    one dict lookup. flexible_layout: the op takes its tensors in any strides it checks (torch's
+    Tag.flexible_layout), so inductor may hand it one buffer that several calls share (a mask or rotary table
+    every layer reads) instead of a copy in eager strides for each call."""
     op = _registered.get(name)
     if op is None:
         impl, fake = build()
-        op = torch().library.custom_op(f"rocjit::{name}", mutates_args=tuple(mutates_args))(impl)
+        tags = (torch().Tag.flexible_layout,) if flexible_layout else ()
+        op = torch().library.custom_op(f"rocjit::{name}", mutates_args=tuple(mutates_args), tags=tags)(impl)
         op.register_fake(fake)
         _registered[name] = op
     return op

@@ -50,6 +50,7 @@ class Op:
     bench: str | None = None             # `python -m rocjit bench <suite>` that measures it
     custom_op: Callable | None = None    # () -> (impl, fake) of torch.ops.rocjit.<name>
     mutates_args: tuple = ()
+    flexible_layout: bool = False        # the custom op takes any strides it checks (see _common.custom_op)
     state: "_State" = None               # read by the public function on every call
     plans: object = None                 # the native Plans, made at the first eager torch call
     last_plan: list = None               # [(kernel, pointer params, scalar params)] of the last plan recorded
@@ -60,7 +61,8 @@ class Op:
         from rocjit.ops import _common as C
         if self.custom_op is None:
             raise RuntimeError(f"{self.name} has no torch custom op")
-        return C.custom_op(self.name, self.custom_op, mutates_args=self.mutates_args)
+        return C.custom_op(self.name, self.custom_op, mutates_args=self.mutates_args,
+                           flexible_layout=self.flexible_layout)
 
     def clear_plans(self):
         if self.plans is not None:
@@ -85,7 +87,7 @@ def fast_path_enabled() -> bool:
 
 
 def op(*, roles: str, sources=(), bench: str | None = None, custom_op: Callable | None = None,
-       mutates_args=(), name: str | None = None):
+       mutates_args=(), name: str | None = None, flexible_layout: bool = False):
     """Register `full(call, *params)` as an op and return its public function (same parameters, no `call`)."""
     def deco(full):
         op_name = name or full.__name__
@@ -97,7 +99,7 @@ def op(*, roles: str, sources=(), bench: str | None = None, custom_op: Callable 
             raise ValueError(f"{op_name}: roles {roles!r} must have one letter per parameter ({len(params)})")
         public = _public_function(op_name, full, params, sig)
         entry = Op(op_name, public, full, roles, tuple(sources), bench, custom_op, tuple(mutates_args),
-                   public.__rocjit_state__)
+                   flexible_layout, public.__rocjit_state__)
         entry.state.call = _python_path(entry)
         public.__rocjit_op__ = entry
         REGISTRY[op_name] = entry

@@ -19,7 +19,9 @@ projections made them, cos / sin [B or 1, 1, D] (the rotate-half convention of L
 rotate_half(x) sin, rotate_half(x) = [-x[D/2:], x[:D/2]]). The kernel rotates q and the key, writes the key and v
 into the caches [B, Hkv, L, D] at `position` (an int64 tensor of one element on the GPU, read there: no host
 sync), and attends q over the updated cache with the mask as decode_attention. A position outside 0 .. L - 1
-writes nothing and gives NaN outputs (the kernel cannot raise). D is a multiple of 16.
+writes nothing and gives NaN outputs (the kernel cannot raise). D is a multiple of 16. advance=True: the kernel
+also adds one to `position` once every block has read it (what a static cache layer's length does after its
+update), so a decode step needs no separate kernel for that; the position must then lie in int32 range.
 """
 from typing import Optional
 
@@ -74,7 +76,7 @@ def _mask_strides(mask):
     return tuple(0 if d < pad or mask.shape[d - pad] == 1 else mask.stride(d - pad) for d in range(4))
 
 
-def kernel_config(B, hq, hkv, S, L, D, wave: int, sms: int):
+def kernel_config(B, hq, hkv, S, L, D, wave: int, sms: int, *, additive: bool = False, rope: bool = False):
     """(rows per block, row groups, waves per block, keys in flight per lane group, keys per split, splits).
     A block holds up to 4 query rows of one key / value head (more take several row groups) and 512 threads (fewer
     where the waves' partial results would pass 32 KB of shared memory): at a short cache every wave has only a
@@ -91,11 +93,16 @@ def kernel_config(B, hq, hkv, S, L, D, wave: int, sms: int):
     nsplit = 1 if L1 <= 2 * max_unroll * step else max(1, min(C.ceil_div(L1, step), sms // (B * hkv * groups)))
     per_split = C.ceil_div(L1, nsplit)
     unroll = min(max_unroll, C.ceil_div(per_split, step))
+    if additive:
+        unroll = min(unroll, 2)         # an additive mask's values take registers too
+    if rope:                            # the new key and value held in registers: one key fewer in flight
+        unroll = min(unroll, 2 if not additive else 1)   # (sm_90a, 16 waves: unroll 3 / additive 2 spill)
     return k_rows, groups, warps, unroll, per_split, C.ceil_div(L1, per_split)
 
 
-def _run(call, q, k, v, mask, scale, causal, out, rope=None):
-    """rope: (k_new, v_new, cos, sin, position) for decode_attention_rope; k, v are then the caches."""
+def _run(call, q, k, v, mask, scale, causal, out, rope=None, advance=False):
+    """rope: (k_new, v_new, cos, sin, position) for decode_attention_rope; k, v are then the caches. advance: the
+    kernel adds one to position (rope only)."""
     tm = C.torch()
     B, hq, S, D = q.shape
     hkv, L = k.shape[1], k.shape[2]
@@ -110,8 +117,9 @@ def _run(call, q, k, v, mask, scale, causal, out, rope=None):
         raise ValueError(f"decode_attention: {B} x {hkv} sequence heads are too many for one launch")
     dev = q.device.index or 0
     info = C.device_info(dev)
-    k_rows, groups, warps, unroll, per_split, nsplit = kernel_config(B, hq, hkv, S, L, D, info["wave"],
-                                                                     info["sms"])
+    kmask = 0 if mask is None else 1 if mask.dtype == tm.bool else 2
+    k_rows, groups, warps, unroll, per_split, nsplit = kernel_config(B, hq, hkv, S, L, D, info["wave"], info["sms"],
+                                                                     additive=kmask == 2, rope=rope is not None)
     ttype = C.kernel_type(q.dtype)
     strides = _strides(q) + _strides(k) + _strides(v)
     if rope is not None:
@@ -120,14 +128,9 @@ def _run(call, q, k, v, mask, scale, causal, out, rope=None):
         is_aligned = C.aligned(q, k, v, kn, vn, cs, sn) and all(st % 8 == 0 for st in strides + rope_strides)
     else:
         is_aligned = C.aligned(q, k, v) and all(st % 8 == 0 for st in strides)
-    kmask = 0 if mask is None else 1 if mask.dtype == tm.bool else 2
-    if kmask == 2:
-        unroll = min(unroll, 2)         # an additive mask's values take registers too
-    if rope is not None:                # the new key and value held in registers: one key fewer in flight
-        unroll = min(unroll, 2 if kmask != 2 else 1)   # (sm_90a, 16 waves: unroll 3 / additive 2 spill)
     mod = C.module(_SRC)
     kern = mod[f"decode_attention_kernel<{ttype}, {D}, {k_rows}, {kmask}, {C.cbool(is_aligned)}, {warps}, {unroll}, "
-               f"{C.cbool(rope is not None)}>"]
+               f"{C.cbool(rope is not None)}, {C.cbool(advance)}>"]
     dummy = call.const(C.dummy_f32(dev))
     if nsplit > 1:
         part = call.empty((B * hq * S * nsplit * D,), tm.float32, q.device)
@@ -174,7 +177,7 @@ def _custom_op():
     return impl, fake
 
 
-@op(roles="TTTTOOT", sources=(_SRC,), bench="decode", custom_op=_custom_op)
+@op(roles="TTTTOOT", sources=(_SRC,), bench="decode", custom_op=_custom_op, flexible_layout=True)
 def decode_attention(call, q, k, v, mask=None, *, scale=None, causal=False, out=None):
     """softmax(q kᵀ · scale + mask) v for q [B, Hq, S, D] against k, v [B, Hkv, L, D]: out [B, S, Hq, D]."""
     name = "decode_attention"
@@ -231,24 +234,26 @@ def _rope_custom_op():
     Tensor = tm.Tensor
 
     def impl(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-             position: Tensor, mask: Optional[Tensor], scale: float) -> Tensor:
+             position: Tensor, mask: Optional[Tensor], scale: float, advance: bool) -> Tensor:
         name = "decode_attention_rope"
         _check_rope(name, q, k, v, cos, sin, k_cache, v_cache, position, mask)
         return _run(UNRECORDED, q, k_cache, v_cache, mask, float(scale), False, None,
-                    rope=(k, v, cos, sin, position.reshape(1)))
+                    rope=(k, v, cos, sin, position.reshape(1)), advance=bool(advance))
 
-    def fake(q, k, v, cos, sin, k_cache, v_cache, position, mask, scale):
+    def fake(q, k, v, cos, sin, k_cache, v_cache, position, mask, scale, advance):
         B, hq, S, D = q.shape
         return q.new_empty((B, S, hq, D))
 
     return impl, fake
 
 
-@op(roles="TTTTTTTTTOT", sources=(_SRC,), bench="decode", custom_op=_rope_custom_op,
-    mutates_args=("k_cache", "v_cache"))
-def decode_attention_rope(call, q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale=None, out=None):
+@op(roles="TTTTTTTTTOTO", sources=(_SRC,), bench="decode", custom_op=_rope_custom_op,
+    mutates_args=("k_cache", "v_cache", "position"), flexible_layout=True)
+def decode_attention_rope(call, q, k, v, cos, sin, k_cache, v_cache, position, mask=None, *, scale=None, out=None,
+                          advance=False):
     """Rotary embedding of q [B, Hq, 1, D] and the new key [B, Hkv, 1, D], the key and v written into k_cache /
-    v_cache [B, Hkv, L, D] at `position`, then decode_attention of q over the caches: out [B, 1, Hq, D]."""
+    v_cache [B, Hkv, L, D] at `position`, then decode_attention of q over the caches: out [B, 1, Hq, D].
+    advance=True: position grows by one in the same kernel."""
     name = "decode_attention_rope"
     qt, fw = C.to_torch(q, "q", name)
     kt, vt = C.to_torch(k, "k", name)[0], C.to_torch(v, "v", name)[0]
@@ -258,9 +263,12 @@ def decode_attention_rope(call, q, k, v, cos, sin, k_cache, v_cache, position, m
     mt = C.torch_or_none(mask, "mask", name)
     ot = C.torch_or_none(out, "out", name)
     _check_rope(name, qt, kt, vt, ct, st, kc, vc, pt, mt)
+    if type(advance) is not bool:
+        raise TypeError(f"{name}: advance must be a bool, got {type(advance).__name__}")
     sc = _scale(name, scale, qt.shape[3])
     if C.compiling():
-        y = C.into_out(decode_attention_rope.__rocjit_op__.torch_op()(qt, kt, vt, ct, st, kc, vc, pt, mt, sc), ot)
+        y = C.into_out(decode_attention_rope.__rocjit_op__.torch_op()(qt, kt, vt, ct, st, kc, vc, pt, mt, sc,
+                                                                      advance), ot)
     else:
-        y = _run(call, qt, kc, vc, mt, sc, False, ot, rope=(kt, vt, ct, st, pt.reshape(1)))
+        y = _run(call, qt, kc, vc, mt, sc, False, ot, rope=(kt, vt, ct, st, pt.reshape(1)), advance=advance)
     return call.done(C.to_caller(y, out, fw))

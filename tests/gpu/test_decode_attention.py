@@ -290,3 +290,57 @@ def test_rope_under_compile_and_graph():
         g.replay()
         assert torch.equal(vc[:, :, pos], v[:, :, 0])
         check(out, reference(rotate(q, cos, sin), kc, vc), dtype)
+
+
+@pytest.mark.parametrize("case", [(1, 32, 8, 72, 128, 40), (1, 32, 8, 4099, 128, 4098), (3, 28, 4, 517, 128, 0)])
+def test_rope_advance_grows_the_position_once(case):
+    """advance=True: the same output and caches as without it, and the position one further (the blocks of a
+    split cache, several sequences and row groups each counting once); a 0-dim position, as a static cache
+    layer keeps its length, too."""
+    dtype = torch.bfloat16
+    B, hq, hkv, L, D, pos = case
+    torch.manual_seed(sum(case))
+    q, k, v, cos, sin, kc, vc, p = rope_case(B, hq, hkv, L, D, dtype, pos, cos_batch=B > 1)
+    kc2, vc2 = kc.clone(), vc.clone()
+    mask = (torch.arange(L, device="cuda") <= pos)[None, None, None, :]
+    want = ops.decode_attention_rope(q, k, v, cos, sin, kc2, vc2, p.clone(), mask)
+    p0 = torch.tensor(pos, device="cuda")                 # 0-dim
+    got = ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, p0, mask, out=poisoned(B, 1, hq, D, dtype),
+                                    advance=True)
+    assert p0.item() == pos + 1
+    assert torch.equal(got, want) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    check(got, reference(rotate(q, cos, sin), kc, vc, mask), dtype)
+
+
+def test_rope_advance_out_of_range_and_repeated_in_a_graph():
+    """A position outside the cache still gives NaN, writes nothing and grows by one (-1 -> 0, L -> L + 1); a CUDA
+    graph replayed five times writes five successive cache rows, each step's output against float64."""
+    dtype = torch.bfloat16
+    B, hq, hkv, L, D = 2, 16, 4, 90, 128
+    q, k, v, cos, sin, kc, vc, p = rope_case(B, hq, hkv, L, D, dtype, 0)
+    before_k, before_v = kc.clone(), vc.clone()
+    for bad in (L, -1, -(2 ** 31)):
+        pb = torch.tensor([bad], device="cuda")
+        out = ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, pb, advance=True)
+        assert torch.isnan(out).all() and pb.item() == bad + 1
+    assert torch.equal(kc, before_k) and torch.equal(vc, before_v)
+    with pytest.raises(TypeError, match="advance must be a bool"):
+        ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, p, advance=1)
+    p.fill_(30)
+    g = torch.cuda.CUDAGraph()
+    kc_cap, vc_cap = kc.clone(), vc.clone()
+    with torch.cuda.graph(g):
+        out = ops.decode_attention_rope(q, k, v, cos, sin, kc, vc, p, advance=True)
+    kc.copy_(kc_cap)
+    vc.copy_(vc_cap)
+    p.fill_(30)                       # capture launched nothing: the position is where it was set
+    k_rot = rotate(k, cos, sin)[:, :, 0].to(dtype).cuda()
+    for step in range(5):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert p.item() == 31 + step
+        assert torch.equal(vc[:, :, 30 + step], v[:, :, 0])
+        assert ((kc[:, :, 30 + step].double() - k_rot.double()).abs() <= 2e-2 * (1 + k_rot.double().abs())).all()
+        check(out, reference(rotate(q, cos, sin), kc, vc), dtype)
+    assert torch.equal(kc[:, :, 35:], kc_cap[:, :, 35:]) and torch.equal(kc[:, :, :30], kc_cap[:, :, :30])
