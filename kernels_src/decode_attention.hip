@@ -324,5 +324,8 @@ __launch_bounds__(kD) __global__ void decode_attention_combine(T* out, const flo
 // rocjit:check decode_attention_kernel<__half, 64, 2, 2, false, 16, 1, true, false>
 // rocjit:check decode_attention_kernel<__hip_bfloat16, 256, 4, 0, true, 8, 2, true, false>
 // rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 4, 1, true, 8, 2, true, true>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 1, 1, true, 16, 3, true, true>
+// rocjit:check decode_attention_kernel<__hip_bfloat16, 128, 2, 1, true, 16, 4, true, true>
+// rocjit:check decode_attention_kernel<__half, 256, 2, 1, true, 16, 4, false, false>
 // rocjit:check decode_attention_combine<__hip_bfloat16, 128>
 // rocjit:check decode_attention_combine<__half, 256>

@@ -144,5 +144,5 @@ def test_decode_attention_config_covers_every_key_and_row(B, hq, hkv, S, L, D, w
     assert k_rows * groups >= (hq // hkv) * S and k_rows <= 4 and (k_rows * (groups - 1)) < (hq // hkv) * S
     assert per_split * nsplit >= L and per_split * (nsplit - 1) < max(L, 1)       # every key, no empty split
     assert warps * wave <= 1024 and warps * k_rows * D <= 8192                    # the kernel's static limits
-    assert 1 <= unroll <= (3 if wave == 32 else 2)                                # registers (checked instantiations)
+    assert 1 <= unroll <= ((4 if k_rows <= 2 else 3) if wave == 32 else 2)       # registers (checked instantiations)
     assert nsplit == 1 or B * hkv * groups * nsplit <= max(sms, B * hkv * groups)  # at most one block per SM

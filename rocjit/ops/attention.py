@@ -82,21 +82,36 @@ def kernel_config(B, hq, hkv, S, L, D, wave: int, sms: int, *, additive: bool = 
     where the waves' partial results would pass 32 KB of shared memory): at a short cache every wave has only a
     few keys, since the block's waves are all its SM has to hide latency with (H100, 72 keys: 4 waves of 16 keys
     each took 12.6 us in a compiled Llama step). Caches longer than two block-iterations are split across blocks,
-    up to one block per SM (a 512-thread block's registers fill it)."""
+    up to one block per SM (a 512-thread block's registers fill it). A cache short enough for no split is
+    latency-bound: its rows then spread over more blocks (fewer rows each, the keys read once per block from L2)
+    while the grid stays within one block per SM (H100, rotary step, 8 key / value heads of 4 query rows, 72 keys:
+    4 / 2 / 1 rows per block 7.1 / 4.7 / 3.7 us; at B = 8 the grid allows 2 rows: 7.9 -> 5.6 us)."""
     rows = (hq // hkv) * S
-    k_rows = min(C.next_pow2(rows), 4)
-    groups = C.ceil_div(rows, k_rows)
-    warps = min(512 // wave, 16, 1 << (8192 // (k_rows * D)).bit_length() - 1)
-    max_unroll = 3 if wave <= 32 else 2     # what 512 threads' registers hold without spilling (checked in CI)
-    step = warps * (wave // C.next_pow2(D // 8))          # keys a block takes per key in flight per lane group
     L1 = max(L, 1)
+
+    def shape(k_rows):
+        warps = min(512 // wave, 16, 1 << (8192 // (k_rows * D)).bit_length() - 1)
+        # keys in flight that 512 threads' registers hold without spilling (sm_90a, every mask and rotary variant
+        # checked; fewer rows leave registers for more keys); AMD keeps 2
+        max_unroll = (4 if k_rows <= 2 else 3) if wave <= 32 else 2
+        step = warps * (wave // C.next_pow2(D // 8))      # keys a block takes per key in flight per lane group
+        return C.ceil_div(rows, k_rows), warps, max_unroll, step
+
+    k_rows = min(C.next_pow2(rows), 4)
+    while k_rows > 1:
+        groups, _, max_unroll, step = shape(k_rows // 2)
+        if B * hkv * groups > sms or L1 > 2 * max_unroll * step:
+            break
+        k_rows //= 2
+    groups, warps, max_unroll, step = shape(k_rows)
     nsplit = 1 if L1 <= 2 * max_unroll * step else max(1, min(C.ceil_div(L1, step), sms // (B * hkv * groups)))
     per_split = C.ceil_div(L1, nsplit)
     unroll = min(max_unroll, C.ceil_div(per_split, step))
-    if additive:
-        unroll = min(unroll, 2)         # an additive mask's values take registers too
-    if rope:                            # the new key and value held in registers: one key fewer in flight
-        unroll = min(unroll, 2 if not additive else 1)   # (sm_90a, 16 waves: unroll 3 / additive 2 spill)
+    if k_rows > 2 or wave > 32:
+        if additive:
+            unroll = min(unroll, 2)     # an additive mask's values take registers too
+        if rope:                        # the new key and value held in registers: one key fewer in flight
+            unroll = min(unroll, 2 if not additive else 1)   # (sm_90a, 16 waves: unroll 3 / additive 2 spill)
     return k_rows, groups, warps, unroll, per_split, C.ceil_div(L1, per_split)
 
 

@@ -116,12 +116,45 @@ def test_split_configs_agree():
     real = A.kernel_config
     try:
         for n in (1, 2, 5, 31):
-            def fixed(B, hq, hkv, S, L, D, wave, sms, n=n):
-                k_rows, groups, warps, unroll, _, _ = real(B, hq, hkv, S, L, D, wave, sms)
+            def fixed(B, hq, hkv, S, L, D, wave, sms, n=n, **kw):
+                k_rows, groups, warps, unroll, _, _ = real(B, hq, hkv, S, L, D, wave, sms, **kw)
                 per = C.ceil_div(L, n)
                 return k_rows, groups, warps, unroll, per, C.ceil_div(L, per)
             A.kernel_config = fixed
             check(A._run(A.UNRECORDED, q, k, v, None, 128 ** -0.5, False, None), ref, dtype)
+    finally:
+        A.kernel_config = real
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("S", [1, 3])
+def test_rows_per_block_configs_agree(S, rope):
+    """4, 2 or 1 query rows per block (a short cache spreads its rows over more blocks), with every unroll the
+    host may pick for them, each against float64: grouped heads, several query rows, the rotary step (S = 1)."""
+    if rope and S != 1:
+        pytest.skip("the rotary step takes one token")
+    dtype = torch.bfloat16
+    B, hq, hkv, L, D = 2, 32, 8, 75, 128
+    torch.manual_seed(S)
+    real = A.kernel_config
+    try:
+        for k_rows in (4, 2, 1):
+            for unroll in ((1, 2) if k_rows == 4 and rope else (1, 2, 3) if k_rows == 4 else (1, 3, 4)):
+                def fixed(B, hq, hkv, S, L, D, wave, sms, k_rows=k_rows, unroll=unroll, **kw):
+                    warps = real(B, hq, hkv, S, L, D, wave, sms, **kw)[2]
+                    return k_rows, C.ceil_div((hq // hkv) * S, k_rows), warps, unroll, L, 1
+                A.kernel_config = fixed
+                # the full path (no recorded plan: each config is launched as chosen)
+                if rope:
+                    q, k, v, cos, sin, kc, vc, p = rope_case(B, hq, hkv, L, D, dtype, 50)
+                    out = A._run(A.UNRECORDED, q, kc, vc, None, D ** -0.5, False, poisoned(B, 1, hq, D, dtype),
+                                 rope=(k, v, cos, sin, p), advance=True)
+                    assert p.item() == 51
+                    check(out, reference(rotate(q, cos, sin), kc, vc), dtype)
+                else:
+                    q, k, v = rand((B, hq, S, D), dtype), rand((B, hkv, L, D), dtype), rand((B, hkv, L, D), dtype)
+                    out = A._run(A.UNRECORDED, q, k, v, None, D ** -0.5, True, poisoned(B, S, hq, D, dtype))
+                    check(out, reference(q, k, v, causal=True), dtype)
     finally:
         A.kernel_config = real
 
