@@ -93,7 +93,6 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
     constexpr int kKeysPerIter = kWarps * Lay::kKeysPerWave * kUnroll;
     __shared__ float s_acc[kWarps][kRows][kD];
     __shared__ float s_m[kWarps][kRows], s_l[kWarps][kRows];
-    grid_dependency_sync();
     const int lane = threadIdx.x % kWaveSize, warp = threadIdx.x / kWaveSize;
     const int group = lane / Lay::kLanes, sub = lane % Lay::kLanes;
     const bool has_col = sub < Lay::kDChunks;
@@ -102,6 +101,24 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
     const int split = blockIdx.y, nsplit = gridDim.y;
     const int row0 = blockIdx.z * kRows, rows = group_size * S;
     const int hq = kv_heads * group_size;
+    const T* kp = k + (long long)b * kb + (long long)hkv * kh + col;
+    const T* vp = v + (long long)b * vb + (long long)hkv * vh + col;
+    const int l_begin = split * keys_per_split;
+    const int l_end = min(L, l_begin + keys_per_split);
+    // the first iteration's keys and values into L2 while the kernel ahead finishes (a prefetch reads no value,
+    // so it may come before the wait even where that kernel writes them; H100, compiled 4-layer FP8 Llama with
+    // 72-key caches: 522 -> 517.5 us per token)
+    if (has_col) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int key = l_begin + (u * kWarps + warp) * Lay::kKeysPerWave + group;
+            if (key < l_end) {
+                prefetch_l2_early(kp + (long long)key * kl);
+                prefetch_l2_early(vp + (long long)key * vl);
+            }
+        }
+    }
+    grid_dependency_sync();
 
     float qf[kRows][kChunk], acc[kRows][kChunk], m[kRows], l[kRows];
     const long long mbase = (long long)b * mb;
@@ -130,10 +147,6 @@ __launch_bounds__(kWarps * kWaveSize) __global__ void decode_attention_kernel(
         moff[i] = h * mh + s * ms;
         last_key[i] = causal ? L - S + s : L - 1;
     }
-    const T* kp = k + (long long)b * kb + (long long)hkv * kh + col;
-    const T* vp = v + (long long)b * vb + (long long)hkv * vh + col;
-    const int l_begin = split * keys_per_split;
-    const int l_end = min(L, l_begin + keys_per_split);
     int pos = -1;                // kRope: the new key's position (-1: none, or out of range)
     long long pos_read = 0;      // kRope: the position as read
     chunk_t<T> kn = zero_chunk<T>(), vn = zero_chunk<T>();

@@ -20,13 +20,20 @@ __launch_bounds__(kBlock) __global__ void rms_norm_kernel(void* out, float* row_
                                                           const T* weight, const float* scale, int rows, int hidden,
                                                           float eps) {
     static_assert(kRowThreads <= kWaveSize || kRowThreads == kBlock, "a row spans a wave or the whole block");
-    grid_dependency_sync();
     constexpr int kRowsPerBlock = kBlock / kRowThreads;
     __shared__ float scratch[1024 / kWaveSize];
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kRowThreads;
     const int lane = threadIdx.x % kRowThreads;
     const bool valid = row < rows;  // invalid lanes still join the reductions
     const long long base = (long long)row * hidden;
+    // the weight into L2 while the kernel ahead finishes (reads no value, so it may come before the wait; H100,
+    // compiled 4-layer FP8 Llama: 533 -> 523 us per token, the norms' weight loads no longer going to DRAM)
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int col = (c * kRowThreads + lane) * kChunk;
+        if (valid && col < hidden) prefetch_l2_early(weight + col);
+    }
+    grid_dependency_sync();
 
     // The static scale is read first: after the reduction's barriers it would cost one more serial trip to L2.
     const float static_scale = kQuant == kQuantStatic ? *scale : 1.0f;
@@ -102,7 +109,6 @@ __launch_bounds__(kThreads) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(k
     rms_norm_split_kernel(void* out, float* row_scales, const T* x, T* residual, const T* weight, const float* scale,
                           int rows, int hidden, float eps) {
     static_assert(kThreads % kWaveSize == 0, "whole waves per block");
-    grid_dependency_sync();
     constexpr int kWaves = kThreads / kWaveSize;
     __shared__ float partials[2][kWaves];  // [0]: sum of squares, [1]: amax
     if constexpr (kSplit > 1 && !kHasClusters) {
@@ -114,6 +120,12 @@ __launch_bounds__(kThreads) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(k
     const int lane = threadIdx.x % kWaveSize;
     const int wave = threadIdx.x / kWaveSize;
     const long long base = (long long)row * hidden;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {    // the weight into L2 before the wait, as rms_norm_kernel
+        const int col = ((c * kSplit + slice) * kThreads + threadIdx.x) * kChunk;
+        if (col < hidden) prefetch_l2_early(weight + col);
+    }
+    grid_dependency_sync();
     const float static_scale = kQuant == kQuantStatic ? *scale : 1.0f;  // read before the barriers
 
     chunk_t<T> h[kChunks], w[kChunks];
