@@ -61,3 +61,16 @@ def test_skinny_custom_ops_check_their_arguments():
             None, None, "bfloat16")
     _raises("prepare_gate_up", torch.ops.rocjit.skinny_gemm_swiglu, a, torch.randn(24, 64).to(bf16), None, None,
             None, 12, "bfloat16", "e4m3fn")
+
+
+def test_only_the_attention_ops_take_any_layout():
+    """The attention ops check strides themselves and take any (a static cache, views of one q/k/v output, a mask
+    broadcast with zero strides): they carry torch's flexible_layout tag, so inductor may hand every layer the same
+    buffer. The other ops want contiguous rows and keep the default, eager strides."""
+    from rocjit.ops import _op
+    _op.register_custom_ops()
+    flexible = {name for name, e in _op.REGISTRY.items() if e.custom_op is not None
+                and torch.Tag.flexible_layout in getattr(torch.ops.rocjit, name).default.tags}
+    assert flexible == {"decode_attention", "decode_attention_rope"}
+    with pytest.raises(TypeError, match="advance must be a bool"):
+        rocjit.ops.decode_attention_rope(*([torch.zeros(1)] * 8), advance=1)

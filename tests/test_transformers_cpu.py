@@ -1,5 +1,7 @@
 """rocjit.integrations.transformers without a GPU: what patch changes and unpatch restores, which models it
 refuses, and the FP8 weight quantization (a patched model on the CPU runs the stock code: inputs not on a GPU)."""
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -9,8 +11,8 @@ from rocjit.integrations import transformers as rt  # noqa: E402
 
 
 def _tiny(cls_cfg=transformers.LlamaConfig, cls_model=transformers.LlamaForCausalLM, **over):
-    cfg = cls_cfg(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=100, **over)
+    cfg = cls_cfg(**{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "vocab_size": 100, **over})
     torch.manual_seed(0)
     return cls_model(cfg).to(torch.bfloat16).eval()
 
@@ -493,3 +495,77 @@ def test_decode_attention_replaces_only_sdpa_and_eager(monkeypatch, impl, attent
     want = {"sdpa": 7, "eager": 8, "other": 0}[impl] * layers
     assert used == (want if attention else 0), used
     assert calls.count("decode_attention_rope") == (3 * layers if attention and impl != "other" else 0)
+
+
+def _inductor_kernels(model, steps=2):
+    """The kernels inductor generates for a compiled StaticCache decode step of the patched model on the CPU,
+    with torch.ops.rocjit.* running the torch references there (a CPU kernel registered for each, for the length
+    of the call), and the logits of each step."""
+    from torch._inductor.utils import run_and_get_code
+    calls = []
+    ref = _ReferenceCustomOps(calls)
+    lib = torch.library.Library("rocjit", "IMPL")
+    try:
+        for name in ("rms_norm", "quantize_fp8", "skinny_gemm", "swiglu", "skinny_gemm_residual",
+                     "decode_attention", "decode_attention_rope"):
+            lib.impl(name, getattr(ref, name), "CPU")
+        cache = transformers.StaticCache(config=model.config, max_cache_len=48)
+        ids = torch.randint(0, 100, (1, 40), generator=torch.Generator().manual_seed(2))
+        torch._dynamo.reset()
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            step = torch.compile(lambda t: model(input_ids=t, past_key_values=cache, use_cache=True).logits,
+                                 fullgraph=True)
+            tok = torch.tensor([[7]])
+            _, codes = run_and_get_code(step, tok)
+            logits = [step(tok)[:, -1].float() for _ in range(steps)]
+    finally:
+        lib._destroy()
+        torch._dynamo.reset()
+    kernels = sum(len(re.findall(r"^(cpp_fused_\w+) = async_compile", c, re.M)) for c in codes)
+    rope_args = [_call_args(line) for c in codes for line in c.splitlines()
+                 if "torch.ops.rocjit.decode_attention_rope.default(" in line]
+    return kernels, rope_args, calls, [layer.cumulative_length.item() for layer in cache.layers], logits
+
+
+def _call_args(line):
+    """The top-level arguments of the call on a line of generated code, as text."""
+    body = line[line.index("(") + 1:]
+    args, depth, cur = [], 0, ""
+    for ch in body:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            if depth == 0:
+                break
+            depth -= 1
+        if ch == "," and depth == 0:
+            args.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return args + [cur.strip()]
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_inductor_kernels_do_not_grow_with_the_layers(monkeypatch, fp8):
+    """Compiled by inductor, a static-cache decode step of a patched Llama leaves every per-layer step to rocjit's
+    ops: each layer's cache length grows inside the attention op (advance=True, no add after it), and the rotary
+    tables and the mask are computed once, every layer's op reading the same buffers (with an add of the length
+    after each layer, which the mask reads, inductor had made a copy of them beside each op). So a 3-layer model
+    compiles to as many inductor kernels as a 1-layer one."""
+    monkeypatch.setattr(rt, "_on_device", lambda t: True)
+    monkeypatch.setattr(rt, "_ops", lambda: rt._TRACED_OPS)      # the prefill too: torch.ops.rocjit.* on the CPU
+    counts = {}
+    for layers in (1, 3):
+        model = _tiny(num_hidden_layers=layers)
+        rt.patch(model, fp8=fp8)
+        counts[layers], rope_args, calls, lengths, logits = _inductor_kernels(model)
+        # every layer's op gets the same cos, sin and mask buffers, and grows its own length (advance=True)
+        assert len(rope_args) == layers
+        assert all([a[i] for i in (3, 4, 8)] == [rope_args[0][i] for i in (3, 4, 8)] for a in rope_args), rope_args
+        assert all(a[-1] == "True" for a in rope_args) and len({a[7] for a in rope_args}) == layers, rope_args
+        # the captured step and the two steps after it, every layer's length one further each time (once)
+        assert lengths == [40 + 3] * layers, lengths
+        assert calls.count("decode_attention_rope") >= layers and all(torch.isfinite(x).all() for x in logits)
+    assert counts[3] == counts[1], counts

@@ -277,9 +277,9 @@ def decode_attention_rope(call, q, k, v, cos, sin, k_cache, v_cache, position, m
     pt = C.to_torch(position, "position", name)[0]
     mt = C.torch_or_none(mask, "mask", name)
     ot = C.torch_or_none(out, "out", name)
-    _check_rope(name, qt, kt, vt, ct, st, kc, vc, pt, mt)
     if type(advance) is not bool:
         raise TypeError(f"{name}: advance must be a bool, got {type(advance).__name__}")
+    _check_rope(name, qt, kt, vt, ct, st, kc, vc, pt, mt)
     sc = _scale(name, scale, qt.shape[3])
     if C.compiling():
         y = C.into_out(decode_attention_rope.__rocjit_op__.torch_op()(qt, kt, vt, ct, st, kc, vc, pt, mt, sc,
