@@ -25,7 +25,9 @@ What the skeleton gives every op:
   converted numpy array), an int that is not fixed by the key, or a call made while a CUDA graph is captured
   leaves no plan. A plan that holds per-stream state (`Call.bind_stream`) is replayed on that stream only.
 - **torch.compile.** While dynamo traces, the public function runs the full path, which calls the op's
-  `torch.ops.rocjit.<name>` custom op (registered from the op's `custom_op` builder).
+  `torch.ops.rocjit.<name>` custom op (registered from the op's `custom_op` builder). An op whose checks take
+  any strides may say `flexible_layout=True` (torch's tag): inductor then hands it buffers as they are, where it
+  would otherwise make a copy in eager strides for each call.
 - **one registry** (`REGISTRY`) that `rocjit.ops`' public names, custom-op registration, the bench suites and
   the tests read: adding an op is its .hip, its module here, its bench and its tests.
 """
