@@ -300,12 +300,13 @@ __device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int 
 
 // E: element kind; OT: output type; MT: 16-row weight tiles per warp; NT: activation tiles
 // (M <= NT * kNTileRows); WARPS_K: warps splitting K inside a block; UNROLL: k-blocks in flight;
-// MINB: blocks per multiprocessor the registers must allow (launch bounds: a grid of one full wave).
+// MINB: blocks per multiprocessor the registers must allow (launch bounds: a grid of one full wave);
+// PIPE: 1 keeps a second register set of loads in flight while a step multiplies (software pipelining).
 // A k-block is 4 chunks of 16 bytes per row (32 bf16/f16 or 64 fp8 values).
 // EP: the epilogue (ep_store, ep_residual, ep_swiglu<Q>); ldo: columns of out (N, or I for SwiGLU).
 // partial == nullptr: out gets EP of acc * scale_a * scale_w (scale_modes: which are per row / column);
 // else partial[split][M][N] = acc and skinny_splitk_reduce runs the epilogue.
-template <class E, class OT, int MT, int NT, int WARPS_K, int UNROLL, int MINB, class EP>
+template <class E, class OT, int MT, int NT, int WARPS_K, int UNROLL, int MINB, int PIPE, class EP>
 __launch_bounds__(WARPS_K * skinny::kWarp, MINB) __global__ void
 skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::storage* __restrict__ w,
                    OT* out, float* __restrict__ partial, const OT* residual, const float* __restrict__ out_scale,
@@ -358,11 +359,9 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
     }
     rocjit::grid_dependency_wait();
 #endif
-    for (int kb0 = kb_begin + warp * UNROLL; kb0 < kb_end; kb0 += WARPS_K * UNROLL) {
-        uint4 wv[UNROLL][MT][kRowsPerLane];
-        uint4 av[UNROLL][NT];
-        // Issue every load of this step before any math: UNROLL * MT * 16 rows * 64 bytes of weights in
-        // flight, then the activations at the same k.
+    // One step: UNROLL k-blocks of this warp, every load issued before any math (UNROLL * MT * 16 rows * 64
+    // bytes of weights in flight, then the activations at the same k); k-blocks past the range load zeros.
+    auto load_step = [&](int kb0, uint4 (&wv)[UNROLL][MT][kRowsPerLane], uint4 (&av)[UNROLL][NT]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int kb = kb0 + u;
@@ -377,12 +376,38 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
             for (int j = 0; j < NT; ++j)
                 av[u][j] = (live && a_live[j]) ? load16(arow[j] + (size_t)kb * kBlockK) : zero;
         }
+    };
+    auto math_step = [&](const uint4 (&wv)[UNROLL][MT][kRowsPerLane], const uint4 (&av)[UNROLL][NT]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
             for (int t = 0; t < MT; ++t)
 #pragma unroll
                 for (int j = 0; j < NT; ++j) mma_chunk<E>(acc[t][j], wv[u][t], av[u][j]);
+    };
+    constexpr int kStep = WARPS_K * UNROLL;
+    if constexpr (PIPE) {
+        // Two register sets: the next step's loads are in flight while this step multiplies (the loop is
+        // unrolled by two so that each set keeps fixed registers).
+        uint4 wv0[UNROLL][MT][kRowsPerLane], wv1[UNROLL][MT][kRowsPerLane], av0[UNROLL][NT], av1[UNROLL][NT];
+        int kb0 = kb_begin + warp * UNROLL;
+        load_step(kb0, wv0, av0);
+        while (kb0 < kb_end) {
+            load_step(kb0 + kStep, wv1, av1);
+            math_step(wv0, av0);
+            kb0 += kStep;
+            if (kb0 >= kb_end) break;
+            load_step(kb0 + kStep, wv0, av0);
+            math_step(wv1, av1);
+            kb0 += kStep;
+        }
+    } else {
+        for (int kb0 = kb_begin + warp * UNROLL; kb0 < kb_end; kb0 += kStep) {
+            uint4 wv[UNROLL][MT][kRowsPerLane];
+            uint4 av[UNROLL][NT];
+            load_step(kb0, wv, av);
+            math_step(wv, av);
+        }
     }
     // Only now may the next kernel's blocks take room on the SMs: in a grid of one wave, blocks waiting from
     // the start would sit beside this one's for its whole run.
@@ -1021,17 +1046,22 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
 #endif
 }
 
-// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2, 0, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, 0, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 2, 0, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2, 0, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 4, 2, 4, skinny::ep_store>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 1, 1, 8, 2, 0, skinny::ep_swiglu<rocjit::e4m3fn>>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 2, 4, 4, 2, 0, skinny::ep_swiglu<rocjit::e4m3fnuz>>
-// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 2, 4, 4, 2, 0, skinny::ep_swiglu<skinny::no_quant>>
-// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 8, 2, 0, skinny::ep_residual>
-// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, 0, skinny::ep_residual>
+// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2, 0, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, 0, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 2, 0, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 2, 0, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 4, 2, 4, 0, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 1, 1, 8, 2, 0, 0, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 2, 4, 4, 2, 0, 0, skinny::ep_swiglu<rocjit::e4m3fnuz>>
+// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 2, 4, 4, 2, 0, 0, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 8, 2, 0, 0, skinny::ep_residual>
+// rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, 0, 0, skinny::ep_residual>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 2, 0, 1, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 4, 2, 0, 1, skinny::ep_store>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 4, 4, 2, 0, 1, skinny::ep_residual>
+// rocjit:check skinny_gemm_kernel<skinny::e4m3_t, unsigned char, 1, 2, 4, 2, 0, 1, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 4, 4, 2, 0, 1, skinny::ep_store>
 // rocjit:check skinny_splitk_reduce<__hip_bfloat16, skinny::ep_store>
 // rocjit:check skinny_splitk_reduce<__hip_bfloat16, skinny::ep_residual>
 // rocjit:check skinny_splitk_reduce<unsigned char, skinny::ep_swiglu<rocjit::e4m3fn>>

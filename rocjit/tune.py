@@ -7,6 +7,9 @@ a file lock, merge with what other processes wrote meanwhile and publish atomica
 ``os.replace``), so concurrent processes never lose or tear entries; later processes read the file.
 
 Where no tuned entry exists yet:
+- a shipped default marked ``"pinned": true`` -> that default, nothing benchmarked: its config was measured where the
+  op runs (the fused decode GEMMs inside the seed's decode chain), which timing the op alone, back to back, cannot
+  reproduce (a tuned entry of the caller's own, e.g. from an earlier version or written by hand, still wins);
 - ``ROCJIT_AUTOTUNE=0`` -> the shipped default (``tune_defaults.json`` in the package, tuned on an
   H100) for this (op, bucket, dtype, device), else the op's built-in default; nothing is benchmarked;
 - inside CUDA/HIP graph capture -> the same defaults (benchmarking would launch work into the graph);
@@ -242,6 +245,11 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
         with _lock:
             _memory[key] = dict(rec["config"])
         return dict(rec["config"])
+    pinned = shipped_defaults().get(_shipped_key(op, default_bucket or bucket, dtype, device))
+    if isinstance(pinned, dict) and pinned.get("pinned") and _valid(pinned.get("config"), candidates):
+        with _lock:
+            _memory[key] = dict(pinned["config"])
+        return dict(pinned["config"])
     fallback = default_config(op, default_bucket or bucket, dtype, device, candidates, default)
     if not enabled() or capturing():
         return fallback        # not remembered: a later eager call may still tune

@@ -10,7 +10,7 @@ from rocjit.kernel import Module  # noqa: E402
 from rocjit.ops import _gemm as G  # noqa: E402
 
 H100 = "NVIDIA H100 80GB HBM3"
-FP8_NAME = "skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, skinny::ep_store>"
+FP8_NAME = "skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, 0, skinny::ep_store>"
 STREAM_NAME = "skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 512, 6, 2, skinny::ep_store>"
 
 
@@ -82,9 +82,9 @@ def test_h100_shipped_skinny_configs_are_candidates(M, N, K, dtype):
     assert tune.default_config("skinny_gemm", bucket, dtype, H100, cands, builtin) == rec["config"]
 
 
-def test_wide_launch_bounds_are_a_candidate_only_above_16_rows_on_nvidia():
-    """(1, 4, 2) with MINB 4 is timed for 17..32 activation rows on NVIDIA; AMD and fewer rows keep the plain set."""
-    for M in (17, 32):
+def test_wide_launch_bounds_are_a_candidate_only_above_8_rows_on_nvidia():
+    """(1, 4, 2) with MINB 4 is timed for 9..32 activation rows on NVIDIA; AMD and fewer rows keep the plain set."""
+    for M in (9, 16, 17, 32):
         cands = G.mma_candidates(M, 13312, 16384, 132, 1, "sm_90a")
         wide = [c for c in cands if "minb" in c]
         assert wide and all(c["minb"] == G.WIDE_MINB and (c["mt"], c["warps_k"], c["unroll"]) == G.WIDE_MINB_SHAPE
@@ -93,7 +93,38 @@ def test_wide_launch_bounds_are_a_candidate_only_above_16_rows_on_nvidia():
             sorted(map(str, [c for c in cands if "minb" not in c and (c["mt"], c["warps_k"], c["unroll"]) ==
                              G.WIDE_MINB_SHAPE]))
         assert not any("minb" in c for c in G.mma_candidates(M, 13312, 16384, 304, 1, "gfx942"))
-    assert not any("minb" in c for c in G.mma_candidates(16, 13312, 16384, 132, 1, "sm_90a"))
+    assert not any("minb" in c for c in G.mma_candidates(8, 13312, 16384, 132, 1, "sm_90a"))
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+def test_pipelined_twins_up_to_8_rows(target):
+    """Every plain config of at most PIPE_MAX_SPLITS splits has a pipelined twin up to PIPE_MAX_ROWS activation rows
+    (on every target: it is the same source), none above; the blockwise kernel (no second register set) gets none."""
+    for M in (1, 8):
+        cands = G.mma_candidates(M, 13312, 16384, 132, 1, target)
+        plain = [c for c in cands if "pipe" not in c and "hint" not in c and "minb" not in c]
+        piped = [c for c in cands if c.get("pipe") and "hint" not in c]
+        assert piped == [dict(c, pipe=1) for c in plain if c["splits"] <= G.PIPE_MAX_SPLITS] and piped
+        assert all(c["splits"] <= G.PIPE_MAX_SPLITS for c in cands if c.get("pipe"))
+        assert not any("pipe" in c for c in G.mma_blockwise_candidates(M, 7168, 16384, 132, target))
+    assert not any("pipe" in c for c in G.mma_candidates(9, 13312, 16384, 132, 1, target))
+
+
+def test_pipe_reaches_the_kernel_name(monkeypatch):
+    names = []
+    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): names.append(name) or name)
+
+    class Rec:
+        def launch(self, *a, **k):
+            pass
+
+    a = torch.zeros(1, 256).to(torch.float8_e4m3fn)
+    w = torch.zeros(64, 256).to(torch.float8_e4m3fn)
+    out = torch.empty(1, 64, dtype=torch.bfloat16)
+    cfg = {"path": "mma", "mt": 1, "warps_k": 4, "unroll": 2, "splits": 1}
+    G.launch_mma(a, w, out, None, None, 1, 64, 256, dict(cfg, pipe=1), "sm_90a", 32, Rec())
+    G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, "gfx942", 64, Rec())
+    assert [n.split(", ")[7] for n in names] == ["1", "0"]
 
 
 def test_load_hint_is_a_tuning_dimension_only_for_small_weights_on_nvidia():

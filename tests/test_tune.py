@@ -81,6 +81,36 @@ def test_shipped_default_not_a_candidate_is_ignored(tdir, monkeypatch):
     assert pick(fake_bench({}, [])) == DEFAULT
 
 
+def test_pinned_shipped_default_is_used_without_benchmarking(tdir):
+    """A shipped default marked pinned (measured where the op runs) is taken as it is, autotuning on; an entry of the
+    caller's own tuning file still wins; a pinned config that is no longer a candidate is ignored (then tuned)."""
+    (tdir / "shipped.json").write_text(json.dumps({"schema": 1, "entries": {
+        "op|m1_n1024|bf16|FakeGPU": {"config": {"tile": 1}, "pinned": True},
+        "op|m2_n1024|bf16|FakeGPU": {"config": {"tile": 99}, "pinned": True}}}))
+    calls = []
+    assert pick(fake_bench({1: 3.0, 2: 2.0, 4: 1.0}, calls)) == {"tile": 1}
+    assert calls == [] and not (tdir / "tune.json").exists()
+    assert pick(fake_bench({1: 3.0, 2: 2.0, 4: 1.0}, calls), bucket="m2_n1024") == {"tile": 4} and calls
+    (tdir / "tune.json").write_text(json.dumps({"schema": 1, "entries": {
+        "op|m1_n1024|bf16|FakeGPU|abc": {"config": {"tile": 2}}}}))
+    tune.clear_memory()
+    assert pick(fake_bench({}, [])) == {"tile": 2}
+
+
+def test_h100_pinned_defaults_are_candidates_of_their_ops():
+    """Every pinned shipped entry names a config its op offers today (else the pin would be silently ignored)."""
+    from rocjit.ops import _gemm as G
+    pinned = {k: r for k, r in tune.shipped_defaults().items() if r.get("pinned")}
+    assert pinned
+    for key, rec in pinned.items():
+        op, bucket, dtype, device = key.split("|")
+        assert op in ("skinny_gemm_swiglu", "skinny_gemm_residual") and device.startswith("NVIDIA H100")
+        dims = dict((p[0], int(p[1:])) for p in bucket.split("_"))
+        eb = 1 if dtype.startswith("float8") else 2
+        cands = G.mma_candidates(dims["m"], dims["n"], dims["k"], 132, eb, "sm_90a")
+        assert any(json.dumps(c, sort_keys=True) == json.dumps(rec["config"], sort_keys=True) for c in cands), key
+
+
 def test_no_tuning_during_graph_capture(tdir, monkeypatch):
     monkeypatch.setattr(tune, "capturing", lambda: True)
     calls = []

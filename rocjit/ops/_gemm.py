@@ -79,12 +79,20 @@ def _is_fp8(dtype) -> bool:
 # (MT, WARPS_K, UNROLL) that won a sweep somewhere (H100: (1, 4, 2) at 28672 x 4096 FP8 and 13312 x 16384 bf16)
 _MMA_SHAPES = ((1, 8, 2), (2, 4, 2), (2, 8, 2), (1, 4, 4), (1, 4, 2))
 _SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
-# Above 16 activation rows (4 activation tiles) on NVIDIA, (MT, WARPS_K, UNROLL) = (1, 4, 2) is also built with
-# launch bounds of 4 blocks per SM (MINB), which ptxas schedules into 126 registers with no spills. On an H100 it
+# Above 8 activation rows (2+ activation tiles) on NVIDIA, (MT, WARPS_K, UNROLL) = (1, 4, 2) is also built with
+# launch bounds of 4 blocks per SM (MINB), which ptxas schedules into <= 128 registers with no spills. On an H100 it
 # ran FP8 13312 x 16384 at M = 32 in 90.3 us against 96.7 for the best config without it, and 16384 x 6656 in 45.7
-# against 55.7 (cuBLASLt 79.0 / 41.9): the plain build keeps fewer loads in flight.
-WIDE_MINB, WIDE_MINB_SHAPE = 4, (1, 4, 2)
+# against 55.7 (cuBLASLt 79.0 / 41.9): the plain build keeps fewer loads in flight. At M = 16 it also won: 76.1
+# against 77.6 (13312 x 16384, split 3) and 40.1 against 40.3 (16384 x 6656), cuBLASLt 77.3 / 40.8 in the same run.
+# At M = 32 what remains is the matrix instructions' own time: with the mma.sync calls replaced by one integer op
+# (a diagnostic build) the best config ran 13312 x 16384 in 79.2 us against 92.1, cuBLASLt 79.5.
+WIDE_MINB, WIDE_MINB_SHAPE, WIDE_MINB_ROWS = 4, (1, 4, 2), 8
 
+# Software pipelining ("pipe": the next step's loads in flight while a step multiplies, twice the load registers).
+# On an H100 (FP8, weights rotated beyond L2, M = 1 and 8) it won by 0.5 - 2% alone (13312 x 16384: 72.8 against
+# 73.4 us; 16384 x 6656 at M = 8: 37.5 against 38.1) and took the seed's fused decode MLP chain from 124.4 to 121.5 us
+# at M = 1 (126.6 against 127.7 at M = 8); from 16 activation rows on it lost or tied, and with 2 x 4 tiles it spills.
+PIPE_MAX_ROWS, PIPE_MAX_SPLITS = 8, 4
 
 # The weight loads' L2 policy (SKINNY_W_HINT in skinny_gemm.hip, rocjit/stream.h). The kernel's default, 4
 # (256-byte L2 prefetch, evict-first), is the one that holds its speed inside a model: on an H100, after a cuBLAS
@@ -116,7 +124,9 @@ def mma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2, target
                                or splits * M * N * 8 > 0.1 * N * K * elem_bytes):
                 continue
             out.append({"path": "mma", "mt": mt, "warps_k": wk, "unroll": un, "splits": splits})
-    if target.startswith("sm_") and M > 16:
+    if M <= PIPE_MAX_ROWS:
+        out += [dict(c, pipe=1) for c in out if c["splits"] <= PIPE_MAX_SPLITS]
+    if target.startswith("sm_") and M > WIDE_MINB_ROWS:
         out += [dict(c, minb=WIDE_MINB) for c in out if (c["mt"], c["warps_k"], c["unroll"]) == WIDE_MINB_SHAPE]
     if target.startswith("sm_") and N * K * elem_bytes < SMALL_WEIGHT_BYTES:
         out += [dict(c, hint=ALT_HINT) for c in out]
@@ -250,7 +260,8 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
     modes = scale_modes(M, N, scale_a, scale_w)
     ldo = out.shape[-1]
     minb = cfg.get("minb", 0) if target.startswith("sm_") else 0
-    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {minb}, {ep}>"
+    pipe = int(bool(cfg.get("pipe")))
+    name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {minb}, {pipe}, {ep}>"
     grid = (-(-N // (16 * mt)), splits)
     k = _kernel(SRC, name, hint_defines(cfg))
     if splits == 1:
@@ -368,8 +379,9 @@ def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict
 
 def mma_blockwise_candidates(M: int, N: int, K: int, sms: int, target: str) -> list[dict]:
     """skinny_gemm_blockwise_kernel configs (FP8, M <= 32): skinny_gemm_kernel's, less the 4-blocks-per-SM launch
-    bounds (its 128 registers spill the blockwise partials at 4 activation tiles)."""
-    return [c for c in mma_candidates(M, N, K, sms, 1, target) if "minb" not in c]
+    bounds (its 128 registers spill the blockwise partials at 4 activation tiles) and the pipelined twins (its body
+    has no second register set)."""
+    return [c for c in mma_candidates(M, N, K, sms, 1, target) if "minb" not in c and "pipe" not in c]
 
 
 def launch_mma_blockwise(a, w, out, sa, sw, M: int, N: int, K: int, cfg: dict, target: str, wave: int,
