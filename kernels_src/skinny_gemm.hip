@@ -61,12 +61,6 @@
 
 namespace skinny {
 
-// scale_modes bit 0: scale_w holds one scale per output column n (else one per tensor);
-// bit 1: scale_a holds one scale per activation row m (dynamic per-token FP8), else one per tensor.
-__device__ __forceinline__ float scale_at(const float* __restrict__ s, int per_index, int i) {
-    return s ? s[per_index ? i : 0] : 1.f;
-}
-
 // Element kinds of A and W (both operands share one kind).
 struct bf16_t { typedef __hip_bfloat16 storage; static constexpr int per16 = 8; };
 struct f16_t { typedef __half storage; static constexpr int per16 = 8; };
@@ -79,7 +73,33 @@ template <> __device__ __forceinline__ void store_out<__hip_bfloat16>(__hip_bflo
     *p = __float2bfloat16(v);
 }
 
-__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+// Activations and their scales come from the kernel ahead, which may still be running when this one starts
+// (programmatic dependent launch): they are read with coherent loads. Through a const __restrict__ pointer the
+// compiler would use the read-only path (ld.global.nc), whose loads ptxas may schedule above
+// griddepcontrol.wait -- a read of the previous kernel's output before it is complete (the pipelined build's SASS
+// had them there; tests/test_skinny_weight_stream_cpu.py checks every build). Weights and their scales never
+// change during a launch and keep the read-only path.
+__device__ __forceinline__ uint4 load16(const void* p) {
+#if defined(SKINNY_NV)
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+__device__ __forceinline__ float load_dep(const float* p) {
+#if defined(SKINNY_NV)
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+// scale_modes bit 0: scale_w holds one scale per output column n (else one per tensor);
+// bit 1: scale_a holds one scale per activation row m (dynamic per-token FP8), else one per tensor.
+__device__ __forceinline__ float scale_at(const float* s, int per_index, int i) {
+    return s ? load_dep(s + (per_index ? i : 0)) : 1.f;
+}
 // Weights are read once: no L1 line, and (SKINNY_W_HINT, see rocjit/stream.h) an L2 prefetch size / policy.
 __device__ __forceinline__ uint4 load16_stream(const void* p) { return rocjit::load16_once<SKINNY_W_HINT>(p); }
 
@@ -246,7 +266,7 @@ __device__ __forceinline__ epilogue<OT> make_epilogue(OT* out, const OT* residua
                                                      int M, int N, int ldo) {
     float qmul = 1.f;
     if constexpr (EP::kind == 2) {
-        if constexpr (quantizes<typename EP::quant>::value) qmul = 1.0f / *out_scale;
+        if constexpr (quantizes<typename EP::quant>::value) qmul = 1.0f / load_dep(out_scale);
     }
     return epilogue<OT>{out, residual, scale_a, scale_w, modes, M, N, ldo, qmul};
 }
@@ -516,7 +536,7 @@ skinny_gemm_blockwise_kernel(const unsigned char* __restrict__ a, const unsigned
 #pragma unroll
                 for (int r = 0; r < kAcc; ++r) {
                     const int m = acc_arow(j, r);
-                    bsa[p][j][r] = live && m < M ? __ldg(sa + (size_t)m * sa_m + (size_t)kbl * sa_k) : 0.f;
+                    bsa[p][j][r] = live && m < M ? load_dep(sa + (size_t)m * sa_m + (size_t)kbl * sa_k) : 0.f;
                 }
         }
         uint4 wv[UNROLL][MT][kRowsPerLane];
