@@ -98,26 +98,29 @@ def test_programmatic_launch_hooks_build_everywhere(target):
     assert co.binary and all(n in co.lowered for n in names)
 
 
-def test_minb_reaches_the_kernel_name_on_nvidia_only(monkeypatch):
-    names = []
-    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): names.append(name) or name)
+def _launch_names(monkeypatch, launches):
+    """(kernel name, defines) that launch_mma asks for, for each (cfg, target) in `launches`: a [1, 256] x [64, 256]
+    FP8 product, nothing launched."""
+    seen = []
+    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): seen.append((name, defines)) or name)
 
     class Rec:
         def launch(self, *a, **k):
             pass
 
-        def empty(self, shape, dtype, device):
-            return torch.empty(tuple(shape), dtype=dtype)
-
     a = torch.zeros(1, 256).to(torch.float8_e4m3fn)
     w = torch.zeros(64, 256).to(torch.float8_e4m3fn)
     out = torch.empty(1, 64, dtype=torch.bfloat16)
+    for cfg, target in launches:
+        G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, target, 32 if target.startswith("sm_") else 64, Rec())
+    return seen
+
+
+def test_minb_reaches_the_kernel_name_on_nvidia_only(monkeypatch):
     cfg = {"path": "mma", "mt": 1, "warps_k": 4, "unroll": 2, "splits": 1, "minb": 6}
-    G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, "sm_90a", 32, Rec())
-    G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, "gfx942", 64, Rec())
-    G.launch_mma(a, w, out, None, None, 1, 64, 256, {k: v for k, v in cfg.items() if k != "minb"}, "sm_90a", 32,
-                 Rec())
-    assert [n.split(", ")[6] for n in names] == ["6", "0", "0"]
+    plain = {k: v for k, v in cfg.items() if k != "minb"}
+    seen = _launch_names(monkeypatch, [(cfg, "sm_90a"), (cfg, "gfx942"), (plain, "sm_90a")])
+    assert [n.split(", ")[6] for n, _ in seen] == ["6", "0", "0"]
 
 
 @pytest.mark.parametrize("M,N,K,dtype", [(1, 13312, 16384, "float8_e4m3fn"), (1, 16384, 6656, "float8_e4m3fn"),
@@ -163,20 +166,9 @@ def test_pipelined_twins_up_to_8_rows(target):
 
 
 def test_pipe_reaches_the_kernel_name(monkeypatch):
-    names = []
-    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): names.append(name) or name)
-
-    class Rec:
-        def launch(self, *a, **k):
-            pass
-
-    a = torch.zeros(1, 256).to(torch.float8_e4m3fn)
-    w = torch.zeros(64, 256).to(torch.float8_e4m3fn)
-    out = torch.empty(1, 64, dtype=torch.bfloat16)
     cfg = {"path": "mma", "mt": 1, "warps_k": 4, "unroll": 2, "splits": 1}
-    G.launch_mma(a, w, out, None, None, 1, 64, 256, dict(cfg, pipe=1), "sm_90a", 32, Rec())
-    G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, "gfx942", 64, Rec())
-    assert [n.split(", ")[7] for n in names] == ["1", "0"]
+    seen = _launch_names(monkeypatch, [(dict(cfg, pipe=1), "sm_90a"), (cfg, "gfx942")])
+    assert [n.split(", ")[7] for n, _ in seen] == ["1", "0"]
 
 
 def test_load_hint_is_a_tuning_dimension_only_for_small_weights_on_nvidia():
@@ -191,19 +183,8 @@ def test_load_hint_is_a_tuning_dimension_only_for_small_weights_on_nvidia():
 
 
 def test_a_configs_hint_compiles_its_own_module(monkeypatch):
-    seen = []
-    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): seen.append((name, defines)) or name)
-
-    class Rec:
-        def launch(self, *a, **k):
-            pass
-
-    a = torch.zeros(1, 256).to(torch.float8_e4m3fn)
-    w = torch.zeros(64, 256).to(torch.float8_e4m3fn)
-    out = torch.empty(1, 64, dtype=torch.bfloat16)
     cfg = {"path": "mma", "mt": 1, "warps_k": 4, "unroll": 2, "splits": 1}
-    G.launch_mma(a, w, out, None, None, 1, 64, 256, cfg, "sm_90a", 32, Rec())
-    G.launch_mma(a, w, out, None, None, 1, 64, 256, dict(cfg, hint=2), "sm_90a", 32, Rec())
+    seen = _launch_names(monkeypatch, [(cfg, "sm_90a"), (dict(cfg, hint=2), "sm_90a")])
     assert seen[0][1] == () and seen[1][1] == (("SKINNY_W_HINT", "2"),) and seen[0][0] == seen[1][0]
     from rocjit.ops import _common as C
     assert C.module(G.SRC, seen[1][1]).defines == {"SKINNY_W_HINT": "2"} and C.module(G.SRC).defines == {}
