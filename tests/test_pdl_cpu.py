@@ -1,9 +1,12 @@
 """Programmatic dependent launch on a CPU: which sources opt in (`// rocjit:pdl`), that every kernel of such a source
 waits for the grid ahead of it on sm_90+ (and carries no grid-dependency code before sm_90), which targets and
-settings turn the launch attribute on, and that the native launcher's cuLaunchKernelEx call lays out the launch
-configuration as cuda.h does."""
+settings turn the launch attribute on, that the SASS loads nothing on the read-only path above the wait, and that the
+native launcher's cuLaunchKernelEx call lays out the launch configuration as cuda.h does."""
 import ctypes
+import importlib
 import re
+import subprocess
+import tempfile
 
 import pytest
 
@@ -52,6 +55,49 @@ def test_every_kernel_of_an_opted_in_source_waits_on_hopper(filename):
                 assert body.index(op) > wait, (entry, op)
     old = mod.compile("compute_89", tuple(names)).binary.decode()
     assert "griddepcontrol" not in old and "prefetch.global.L2" not in old
+
+
+def _functions_sass(binary: bytes) -> dict:
+    """{function section: [SASS lines]} of a cubin, by nvdisasm."""
+    tool = importlib.import_module("rocjit.inspect")._nvidia_tool("nvdisasm")
+    if tool is None:
+        pytest.skip("nvdisasm not installed")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(binary)
+        f.flush()
+        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*\.text\.(\S+):", line)
+        if m:
+            cur = out.setdefault(m.group(1), [])
+        elif cur is not None:
+            cur.append(line)
+    return out
+
+
+def _read_only_loads_before_the_wait(lines):
+    wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), None)
+    if wait is None:
+        return ["no griddepcontrol.wait (ACQBULK) in the SASS"]
+    return [line.strip() for line in lines[:wait] if "LDG" in line and ".CONSTANT" in line and ".NA" not in line]
+
+
+@pytest.mark.parametrize("filename", PDL_SOURCES)
+def test_no_read_only_load_is_scheduled_above_the_wait(filename):
+    """The PTX order above is not the machine's: a load on the read-only path (ld.global.nc, SASS LDG...CONSTANT)
+    promises its data cannot change during the kernel, so ptxas may schedule it above griddepcontrol.wait (SASS
+    ACQBULK) -- a read of the kernel ahead's output before it is complete. The pipelined skinny build once did exactly
+    that (transformers models decoded garbage while every isolated config test passed). Before the wait a kernel may
+    read only what no kernel writes while it runs: the skinny GEMMs' weights, streamed with no-L1 loads (SASS .NA)."""
+    if not _nvrtc():
+        pytest.skip("cuda-bindings (NVRTC) not installed")
+    mod = Module(filename)
+    names = check.name_expressions(mod.source)
+    co = mod.compile("sm_90a", tuple(names))
+    sass = _functions_sass(co.binary)
+    for n in names:
+        assert not _read_only_loads_before_the_wait(sass[co.lowered[n]]), n
 
 
 def test_the_directive_and_its_override():

@@ -31,38 +31,17 @@ def test_every_weight_load_hint_builds_for_hopper(hint):
     assert co.binary and FP8_NAME in co.lowered and STREAM_NAME in co.lowered
 
 
-def _functions_sass(binary: bytes) -> dict:
-    """{function section: [SASS lines]} of a cubin, by nvdisasm."""
-    import importlib
-    import re
-    import subprocess
-    import tempfile
-    tool = importlib.import_module("rocjit.inspect")._nvidia_tool("nvdisasm")
-    if tool is None:
-        pytest.skip("nvdisasm not installed")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(binary)
-        f.flush()
-        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    out, cur = {}, None
-    for line in text.splitlines():
-        m = re.match(r"\s*\.text\.(\S+):", line)
-        if m:
-            cur = out.setdefault(m.group(1), [])
-        elif cur is not None:
-            cur.append(line)
-    return out
-
-
 @pytest.mark.parametrize("hint", [None, 2])
 def test_no_read_of_the_kernel_aheads_output_before_the_grid_dependency_wait(hint):
     """Under programmatic dependent launch a kernel may start while the one ahead still writes its inputs: before
     griddepcontrol.wait (SASS ACQBULK) the skinny GEMMs may load only weights (no-L1-allocate loads, .NA) and
     prefetch. Activation and scale loads through the read-only path (ld.global.nc) were once scheduled above the
-    wait in the pipelined build -- a race with the kernel ahead that isolated tests cannot see."""
+    wait in the pipelined build -- a race with the kernel ahead that isolated tests cannot see (tests/test_pdl_cpu.py
+    checks every PDL source's checked builds for read-only loads there; this checks more skinny builds, stricter)."""
     if not _nvrtc():
         pytest.skip("cuda-bindings (NVRTC) not installed")
     import itertools
+    from tests.test_pdl_cpu import _functions_sass
     names = [f"skinny_gemm_kernel<skinny::{e}, {o}, {mt}, {nt}, {wk}, {un}, 0, {pipe}, {ep}>"
              for (e, o, ep), (mt, wk, un), nt, pipe in itertools.product(
                  (("bf16_t", "__hip_bfloat16", "skinny::ep_store"), ("e4m3_t", "__hip_bfloat16", "skinny::ep_residual"),
