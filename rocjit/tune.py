@@ -214,11 +214,28 @@ def _valid(cfg, candidates) -> bool:
     return isinstance(cfg, dict) and any(_same(cfg, c) for c in candidates)
 
 
+def _shipped_config(op: str, bucket_: str, dtype: str, device: str, candidates: Sequence[dict], *,
+                    pinned_only: bool = False) -> dict | None:
+    """The shipped default's config for this key (only a pinned one with `pinned_only`) when it is one of today's
+    candidates, else None."""
+    rec = shipped_defaults().get(_shipped_key(op, bucket_, dtype, device))
+    if not isinstance(rec, dict) or (pinned_only and not rec.get("pinned")):
+        return None
+    cfg = rec.get("config")
+    return dict(cfg) if _valid(cfg, candidates) else None
+
+
 def default_config(op: str, bucket_: str, dtype: str, device: str, candidates: Sequence[dict], default: dict) -> dict:
     """Shipped default for this key when it is one of today's candidates, else the built-in one."""
-    rec = shipped_defaults().get(_shipped_key(op, bucket_, dtype, device))
-    cfg = rec.get("config") if isinstance(rec, dict) else None
-    return dict(cfg) if _valid(cfg, candidates) else dict(default)
+    cfg = _shipped_config(op, bucket_, dtype, device, candidates)
+    return cfg if cfg is not None else dict(default)
+
+
+def _remember(key: str, cfg: dict) -> dict:
+    """Keep cfg as this process's winner for key; a copy for the caller."""
+    with _lock:
+        _memory[key] = dict(cfg)
+    return dict(cfg)
 
 
 def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candidates: Sequence[dict],
@@ -242,14 +259,10 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
         return dict(hit)
     rec = load_entries().get(key)
     if isinstance(rec, dict) and _valid(rec.get("config"), candidates):
-        with _lock:
-            _memory[key] = dict(rec["config"])
-        return dict(rec["config"])
-    pinned = shipped_defaults().get(_shipped_key(op, default_bucket or bucket, dtype, device))
-    if isinstance(pinned, dict) and pinned.get("pinned") and _valid(pinned.get("config"), candidates):
-        with _lock:
-            _memory[key] = dict(pinned["config"])
-        return dict(pinned["config"])
+        return _remember(key, rec["config"])
+    pinned = _shipped_config(op, default_bucket or bucket, dtype, device, candidates, pinned_only=True)
+    if pinned is not None:
+        return _remember(key, pinned)
     fallback = default_config(op, default_bucket or bucket, dtype, device, candidates, default)
     if not enabled() or capturing():
         return fallback        # not remembered: a later eager call may still tune
@@ -259,9 +272,7 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
             best = dict(rec["config"])
         else:
             best = _tune(op, key, bucket, dtype, candidates, bench, progress, simpler, heat_s)
-    with _lock:
-        _memory[key] = dict(best)
-    return dict(best)
+    return _remember(key, best)
 
 
 def _tune(op, key, bucket, dtype, candidates, bench, progress, simpler=None, heat_s=0.0) -> dict:

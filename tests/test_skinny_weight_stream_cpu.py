@@ -1,6 +1,8 @@
 """The skinny GEMM's weight stream on a CPU: every load hint of rocjit/stream.h and the programmatic-dependent-launch
 hooks build for NVIDIA and AMD, the MINB launch-bounds argument reaches the kernel name, and the H100's shipped
 configs are candidates of their shapes (so they are used, not silently replaced by the built-in default)."""
+import itertools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -8,6 +10,7 @@ torch = pytest.importorskip("torch")
 from rocjit import tune  # noqa: E402
 from rocjit.kernel import Module  # noqa: E402
 from rocjit.ops import _gemm as G  # noqa: E402
+from tests.test_pdl_cpu import _functions_sass  # noqa: E402
 
 H100 = "NVIDIA H100 80GB HBM3"
 FP8_NAME = "skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, 0, skinny::ep_store>"
@@ -40,8 +43,6 @@ def test_no_read_of_the_kernel_aheads_output_before_the_grid_dependency_wait(hin
     checks every PDL source's checked builds for read-only loads there; this checks more skinny builds, stricter)."""
     if not _nvrtc():
         pytest.skip("cuda-bindings (NVRTC) not installed")
-    import itertools
-    from tests.test_pdl_cpu import _functions_sass
     names = [f"skinny_gemm_kernel<skinny::{e}, {o}, {mt}, {nt}, {wk}, {un}, 0, {pipe}, {ep}>"
              for (e, o, ep), (mt, wk, un), nt, pipe in itertools.product(
                  (("bf16_t", "__hip_bfloat16", "skinny::ep_store"), ("e4m3_t", "__hip_bfloat16", "skinny::ep_residual"),
