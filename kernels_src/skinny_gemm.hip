@@ -1066,6 +1066,266 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Hopper warpgroup path (sm_90a) for 9 - 32 activation rows: skinny_gemm_kernel's weight stream and work split,
+// with mma.sync replaced by the asynchronous warpgroup MMA. At 32 activation rows the synchronous matrix
+// instructions set skinny_gemm_kernel's time (H100, FP8 13312 x 16384: 92.1 us, 79.2 with them replaced by one
+// integer op).
+//
+// Each warpgroup owns 64 * SLABS weight rows (warp w of the group rows 16 w .. 16 w + 15 of each slab); the WG
+// warpgroups of a block split the block's K range in interleaved steps of KB * 128 bytes and are reduced through
+// shared memory in a fixed order; grid.y splits K further (fp32 partials and skinny_splitk_reduce, as there).
+// A lane loads 16 contiguous bytes of its two rows per 64 bytes of K and hands them to wgmma as its register A
+// operand, so no weight byte passes through shared memory. The instruction wants lane c of a quad to hold K words
+// c, 4 + c (one k32 step) and 8 + c, 12 + c (the next) of a 64-byte block, where it loaded words 4 c .. 4 c + 3:
+// a 4 x 4 transpose across the quad (four shuffles). The activation rows (B) go to shared memory in their own
+// order by cp.async, kStages steps ahead, in the 128B-swizzled layout of rocjit/wgmma.h. Each k32 step multiplies
+// into fresh partials added to fp32 accumulators (FP8 wgmma keeps only about 14 bits of its running sum). The
+// accumulators sit in the mma.sync layout, so write_acc and the reduce kernel's epilogues serve as they are.
+// Shared memory (static): 1024 bytes of alignment slack + WG x kStages x KB x NB x 128 bytes.
+#if ROCJIT_HAS_WGMMA
+namespace skinny {
+template <class E, int NB> struct wg_rs;
+#define SKINNY_WG_RS(E, NB, FN)                                                                                 \
+    template <> struct wg_rs<E, NB> {                                                                          \
+        static ROCJIT_INLINE void run(float (&d)[NB / 2], unsigned a0, unsigned a1, unsigned a2, unsigned a3,   \
+                                      unsigned long long b) {                                                   \
+            rocjit::wgmma::FN(d, a0, a1, a2, a3, b);                                                           \
+        }                                                                                                       \
+    };
+SKINNY_WG_RS(e4m3_t, 8, e4m3_rs_n8) SKINNY_WG_RS(e4m3_t, 16, e4m3_rs_n16) SKINNY_WG_RS(e4m3_t, 32, e4m3_rs_n32)
+SKINNY_WG_RS(bf16_t, 8, bf16_rs_n8) SKINNY_WG_RS(bf16_t, 16, bf16_rs_n16) SKINNY_WG_RS(bf16_t, 32, bf16_rs_n32)
+SKINNY_WG_RS(f16_t, 8, f16_rs_n8) SKINNY_WG_RS(f16_t, 16, f16_rs_n16) SKINNY_WG_RS(f16_t, 32, f16_rs_n32)
+#undef SKINNY_WG_RS
+// Lane c of each quad holds words 4 c .. 4 c + 3 of a 16-word block; afterwards words c, 4 + c, 8 + c, 12 + c.
+__device__ __forceinline__ uint4 quad_transpose(uint4 x) {
+    const int c = threadIdx.x & 3;
+    const bool hi2 = c & 2, hi1 = c & 1;
+    // exchange column pairs with lane c ^ 2: keep columns (c & 2), (c & 2) + 1 of rows c & 1 ("lo") and + 2 ("hi")
+    const unsigned r0 = __shfl_xor_sync(0xffffffffu, hi2 ? x.x : x.z, 2);
+    const unsigned r1 = __shfl_xor_sync(0xffffffffu, hi2 ? x.y : x.w, 2);
+    const unsigned own0 = hi2 ? x.z : x.x, own1 = hi2 ? x.w : x.y;
+    const unsigned c0lo = hi2 ? r0 : own0, c0hi = hi2 ? own0 : r0, c1lo = hi2 ? r1 : own1, c1hi = hi2 ? own1 : r1;
+    // exchange rows with lane c ^ 1: keep column c of all four rows
+    const unsigned u0 = __shfl_xor_sync(0xffffffffu, hi1 ? c0lo : c1lo, 1);
+    const unsigned u1 = __shfl_xor_sync(0xffffffffu, hi1 ? c0hi : c1hi, 1);
+    return hi1 ? make_uint4(u0, c1lo, u1, c1hi) : make_uint4(c0lo, u0, c0hi, u1);
+}
+// Barrier of warpgroup g (0..3) alone: named barrier 1 + g over its 128 threads (constant IDs, so ptxas reserves
+// only those).
+__device__ __forceinline__ void group_sync(int g) {
+    switch (g) {
+    case 0: asm volatile("bar.sync 1, 128;" ::: "memory"); break;
+    case 1: asm volatile("bar.sync 2, 128;" ::: "memory"); break;
+    case 2: asm volatile("bar.sync 3, 128;" ::: "memory"); break;
+    default: asm volatile("bar.sync 4, 128;" ::: "memory"); break;
+    }
+}
+}  // namespace skinny
+#endif
+
+// NB activation rows per step (8, 16 or 32; M <= NB); SLABS 64-row slabs per warpgroup; WG warpgroups splitting
+// K; KB 128-byte boxes of K per step. steps_per_split: steps of grid.y's slices. Arguments as skinny_gemm_kernel's.
+template <class E, class OT, int NB, int SLABS, int WG, int KB, class EP>
+__launch_bounds__(WG * 128, 1) __global__ void
+skinny_wgmma_kernel(const typename E::storage* __restrict__ a, const typename E::storage* __restrict__ w, OT* out,
+                    float* __restrict__ partial, const OT* residual, const float* __restrict__ out_scale,
+                    const float* __restrict__ scale_a, const float* __restrict__ scale_w, int scale_modes,
+                    int M, int N, int K, int steps_per_split, int ldo) {
+#if ROCJIT_HAS_WGMMA
+    using namespace skinny;
+    constexpr int kStages = 4;                            // activation steps in the ring
+    constexpr int kBox = 128, kStep = KB * kBox;
+    constexpr int kTile = NB * kBox;                      // one box of the activation rows: a multiple of 1024
+    constexpr int kBuf = KB * kTile;                      // one step's activations
+    constexpr int kVals = SLABS * NB / 2;
+    static_assert(NB == 8 || NB == 16 || NB == 32, "NB: 8, 16 or 32 activation rows");
+    static_assert(WG <= 4, "named barriers 1..4: one per warpgroup");
+    static_assert((WG - 1) * SLABS * NB * 512 <= WG * kStages * kBuf, "the warpgroups' reduction fits in the ring");
+    __shared__ __align__(16) unsigned char smem_raw[WG * kStages * kBuf + 1024];
+    unsigned char* smem = smem_raw + ((1024u - (rocjit::smem_u32(smem_raw) & 1023u)) & 1023u);
+    const int cg = threadIdx.x / 128, ct = threadIdx.x % 128, wq = ct / 32;
+    unsigned char* const ring = smem + cg * kStages * kBuf;
+    const unsigned char* const abytes = reinterpret_cast<const unsigned char*>(a);
+    const long long kbytes = (long long)K * sizeof(typename E::storage);
+    const int nsteps = (int)((kbytes + kStep - 1) / kStep);
+    const int s_begin = blockIdx.y * steps_per_split;
+    const int s_end = min(nsteps, s_begin + steps_per_split);
+    const int row0 = blockIdx.x * 64 * SLABS;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+
+    // This lane's weight rows (rows past N read row 0; the epilogue drops them), at its 16-byte chunk.
+    const unsigned char* wrow[SLABS][2];
+#pragma unroll
+    for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int n = row0 + 64 * sl + 16 * wq + lane_row() + 8 * h;
+            wrow[sl][h] = reinterpret_cast<const unsigned char*>(w) + (size_t)(n < N ? n : 0) * kbytes + 16 * lane_chunk();
+        }
+    for (int i = ct; i < kStages * KB * NB * 8; i += 128) {   // activation rows >= M: zero for good
+        const int row = (i / 8) % NB, box = i / (8 * NB);
+        if (row >= M) *reinterpret_cast<uint4*>(ring + box * kTile + row * kBox + (i % 8) * 16) = zero;
+    }
+
+    auto load_w = [&](int s, uint4 (&wv)[SLABS][KB][2][2]) {
+#pragma unroll
+        for (int j = 0; j < KB; ++j)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                const long long k = (long long)s * kStep + j * kBox + b * 64;
+                const bool live = s < s_end && k + 16 * lane_chunk() < kbytes;
+#pragma unroll
+                for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) wv[sl][j][b][h] = live ? load16_stream(wrow[sl][h] + k) : zero;
+            }
+    };
+    // Step s's activations into ring slot `slot` (rows < M; granules past K zero-filled), one commit group.
+    auto copy_a = [&](int s, int slot) {
+        if (s < s_end) {
+            for (int q = ct; q < M * KB * 8; q += 128) {
+                const int m = q / (KB * 8), j = (q / 8) % KB, c = q % 8;
+                const long long k = (long long)s * kStep + j * kBox + c * 16;
+                const bool live = k < kbytes;
+                rocjit::mma8::copy16(ring + slot * kBuf + j * kTile + m * kBox + ((c ^ (m & 7)) << 4),
+                                     live ? abytes + (size_t)m * kbytes + k : abytes, live);
+            }
+        }
+        rocjit::mma8::copy_commit();
+    };
+
+    float acc[SLABS][NB / 2];
+#pragma unroll
+    for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+        for (int v = 0; v < NB / 2; ++v) acc[sl][v] = 0.f;
+    auto math = [&](uint4 (&wv)[SLABS][KB][2][2], const unsigned char* buf) {
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+            for (int j = 0; j < KB; ++j)
+#pragma unroll
+                for (int b = 0; b < 2; ++b)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) wv[sl][j][b][h] = quad_transpose(wv[sl][j][b][h]);
+#pragma unroll
+        for (int j = 0; j < KB; ++j) {
+            float part[4][SLABS][NB / 2];
+            rocjit::wgmma::fence();                       // the A registers were written by other instructions
+            const unsigned long long db = rocjit::wgmma::desc_sw128(rocjit::smem_u32(buf + j * kTile));
+#pragma unroll
+            for (int t = 0; t < 4; ++t)
+#pragma unroll
+                for (int sl = 0; sl < SLABS; ++sl) {
+                    const uint4& r0 = wv[sl][j][t / 2][0];
+                    const uint4& r1 = wv[sl][j][t / 2][1];
+                    if (t % 2 == 0)
+                        wg_rs<E, NB>::run(part[t][sl], r0.x, r1.x, r0.y, r1.y, rocjit::wgmma::desc_advance(db, 32 * t));
+                    else
+                        wg_rs<E, NB>::run(part[t][sl], r0.z, r1.z, r0.w, r1.w, rocjit::wgmma::desc_advance(db, 32 * t));
+                }
+            rocjit::wgmma::commit();
+            rocjit::wgmma::wait<0>();
+#pragma unroll
+            for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+                for (int b = 0; b < 2; ++b)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        rocjit::wgmma::fence_operand(wv[sl][j][b][h].x); rocjit::wgmma::fence_operand(wv[sl][j][b][h].y);
+                        rocjit::wgmma::fence_operand(wv[sl][j][b][h].z); rocjit::wgmma::fence_operand(wv[sl][j][b][h].w);
+                    }
+#pragma unroll
+            for (int t = 0; t < 4; ++t)
+#pragma unroll
+                for (int sl = 0; sl < SLABS; ++sl) {
+                    rocjit::wgmma::fence_operands(part[t][sl]);
+#pragma unroll
+                    for (int v = 0; v < NB / 2; ++v) acc[sl][v] += part[t][sl][v];
+                }
+        }
+    };
+
+#if ROCJIT_HAS_PDL
+    {   // the first step's weights into L2 (no value read), then wait for the kernel ahead
+        const int s = s_begin + cg;
+#pragma unroll
+        for (int j = 0; j < KB; ++j)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                const long long k = (long long)s * kStep + j * kBox + b * 64;
+                if (s < s_end && k + 16 * lane_chunk() < kbytes)
+#pragma unroll
+                    for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) rocjit::prefetch_l2_early(wrow[sl][h] + k);
+            }
+    }
+    rocjit::grid_dependency_wait();
+#endif
+    // Activations kStages - 1 steps ahead in the ring; weights one step ahead in a second register set (the
+    // loop is unrolled by two so that each set keeps fixed registers).
+    const int s0 = s_begin + cg;
+#pragma unroll
+    for (int p = 0; p < kStages - 1; ++p) copy_a(s0 + p * WG, p);
+    uint4 w0[SLABS][KB][2][2], w1[SLABS][KB][2][2];
+    load_w(s0, w0);
+    auto step = [&](int s, int i, uint4 (&cur)[SLABS][KB][2][2], uint4 (&next)[SLABS][KB][2][2]) {
+        copy_a(s + (kStages - 1) * WG, (i + kStages - 1) % kStages);
+        load_w(s + WG, next);
+        rocjit::mma8::copy_wait<kStages - 1>();           // this thread's copies of step s are complete
+        rocjit::wgmma::fence_proxy_async();               // ... and visible to wgmma
+        group_sync(cg);                                   // ... and so are the other threads'
+        math(cur, ring + (i % kStages) * kBuf);
+    };
+    int s = s0, i = 0;
+    while (s < s_end) {
+        step(s, i, w0, w1);
+        s += WG, ++i;
+        if (s >= s_end) break;
+        step(s, i, w1, w0);
+        s += WG, ++i;
+    }
+    rocjit::mma8::copy_wait<0>();                         // no copy may land in the ring after this
+    rocjit::launch_dependents();
+
+    float* dst = &acc[0][0];
+    if constexpr (WG > 1) {                               // fixed-order reduction of the warpgroups
+        __syncthreads();                                  // every warpgroup is done with its ring
+        float* red = reinterpret_cast<float*>(smem);
+        if (cg > 0) {
+#pragma unroll
+            for (int v = 0; v < kVals; ++v) red[((cg - 1) * kVals + v) * 128 + ct] = dst[v];
+        }
+        __syncthreads();
+        if (cg != 0) return;
+        for (int g = 0; g < WG - 1; ++g)
+#pragma unroll
+            for (int v = 0; v < kVals; ++v) dst[v] += red[(g * kVals + v) * 128 + ct];
+    }
+    if (partial) {
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+            for (int j = 0; j < NB / 8; ++j)
+#pragma unroll
+                for (int r = 0; r < kAcc; ++r) {
+                    const int n = row0 + 64 * sl + 16 * wq + acc_wrow(0, r);
+                    const int m = acc_arow(j, r);
+                    if (n < N && m < M) partial[((size_t)blockIdx.y * M + m) * N + n] = acc[sl][kAcc * j + r];
+                }
+        return;
+    }
+    const auto ep = make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);
+#pragma unroll
+    for (int sl = 0; sl < SLABS; ++sl)
+        write_acc<EP>(reinterpret_cast<const float (&)[1][NB / 8][kAcc]>(acc[sl]), row0 + 64 * sl + 16 * wq, ep);
+#else
+    rocjit::unsupported_on_target();   // wgmma needs sm_90a: the host picks skinny_gemm_kernel elsewhere
+#endif
+}
+
 // rocjit:check skinny_gemm_kernel<skinny::bf16_t, __hip_bfloat16, 1, 1, 8, 2, 0, 0, skinny::ep_store>
 // rocjit:check skinny_gemm_kernel<skinny::f16_t, __half, 2, 2, 4, 2, 0, 0, skinny::ep_store>
 // rocjit:check skinny_gemm_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 8, 2, 0, 0, skinny::ep_store>
@@ -1104,3 +1364,9 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
 // rocjit:check skinny_tma_kernel<skinny::e4m3_t, unsigned char, 32, 1, 2, 2, 5, skinny::ep_swiglu<rocjit::e4m3fn>>
 // rocjit:check skinny_tma_kernel<skinny::bf16_t, __hip_bfloat16, 32, 1, 2, 2, 5, skinny::ep_store>
 // rocjit:check skinny_tma_kernel<skinny::f16_t, __half, 32, 1, 1, 4, 4, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_wgmma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 1, 1, skinny::ep_store>
+// rocjit:check skinny_wgmma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 2, 1, 1, skinny::ep_store>
+// rocjit:check skinny_wgmma_kernel<skinny::e4m3_t, __hip_bfloat16, 16, 2, 1, 1, skinny::ep_residual>
+// rocjit:check skinny_wgmma_kernel<skinny::e4m3_t, unsigned char, 32, 1, 2, 1, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check skinny_wgmma_kernel<skinny::bf16_t, __hip_bfloat16, 32, 1, 2, 1, skinny::ep_store>
+// rocjit:check skinny_wgmma_kernel<skinny::f16_t, __half, 16, 1, 1, 2, skinny::ep_swiglu<skinny::no_quant>>

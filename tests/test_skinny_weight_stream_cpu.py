@@ -189,6 +189,57 @@ def test_tma_path_candidates_and_opt_in(monkeypatch):
     assert G.tma_enabled()
 
 
+def test_wgmma_path_candidates_and_opt_in(monkeypatch):
+    """skinny_wgmma_kernel: sm_90a only, configs from 9 activation rows (none below), without the shapes that need
+    over 200 registers at 32 rows, and timed by the tuner only with ROCJIT_SKINNY_WGMMA=1."""
+    assert G.has_wgmma_path("sm_90a") and not G.has_wgmma_path("sm_90") and not G.has_wgmma_path("gfx942")
+    assert G.wgmma_candidates(8, 13312, 16384, 132, 1) == []
+    for M in (9, 16, 17, 32):
+        cands = G.wgmma_candidates(M, 13312, 16384, 132, 1)
+        assert cands and all(c["path"] == "wgmma" for c in cands)
+        assert {c["splits"] for c in cands} >= {1, 2}
+        if M > 16:
+            assert not any(c["wg"] > 1 and (c["kb"] > 1 or c["slabs"] > 1) for c in cands)
+    monkeypatch.delenv("ROCJIT_SKINNY_WGMMA", raising=False)
+    assert not G.wgmma_enabled()
+    monkeypatch.setenv("ROCJIT_SKINNY_WGMMA", "1")
+    assert G.wgmma_enabled()
+
+
+def test_wgmma_launch_names_grid_and_split_k(monkeypatch):
+    """launch_wgmma: the kernel for the activation rows' wgmma N, 64 * slabs rows per block, K steps of kb * 128
+    bytes split over grid.y (the reduce kernel after it when split), one warpgroup of 128 threads per wg."""
+    import torch
+    launched = []
+
+    class Call:
+        def launch(self, k, grid, block, *args, **kw):
+            launched.append((k, grid, block, args))
+
+        def const(self, t):
+            return t
+
+        def bind_stream(self):
+            pass
+
+    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): name)
+    monkeypatch.setattr(G, "_stream_workspace", lambda device, n: torch.empty(n))
+    a = torch.empty(20, 16384, dtype=torch.float8_e4m3fn)
+    w = torch.empty(1000, 16384, dtype=torch.float8_e4m3fn)
+    out = torch.empty(20, 1000, dtype=torch.bfloat16)
+    G.launch_wgmma(a, w, out, None, None, 20, 1000, 16384, {"slabs": 2, "wg": 1, "kb": 2, "splits": 1}, Call())
+    (k, grid, block, args), = launched
+    assert k == "skinny_wgmma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 2, 1, 2, skinny::ep_store>"
+    assert grid == (8, 1) and block == 128 and args[3] is None and args[-2] == 64   # 64 steps of 256 bytes
+    launched.clear()
+    G.launch_wgmma(a[:12], w, out[:12], None, None, 12, 1000, 16384, {"slabs": 1, "wg": 2, "kb": 1, "splits": 3},
+                   Call())
+    (k, grid, block, args), (r, *_) = launched
+    assert k.startswith("skinny_wgmma_kernel<skinny::e4m3_t, __hip_bfloat16, 16, 1, 2, 1,")
+    assert grid == (16, 3) and block == 256 and args[3] is not None and args[-2] == 43
+    assert r.startswith("skinny_splitk_reduce<")
+
+
 def test_tma_kernel_builds_for_hopper_with_every_epilogue():
     if not _nvrtc():
         pytest.skip("cuda-bindings (NVRTC) not installed")

@@ -230,6 +230,62 @@ ROCJIT_WG_K16(f16)
 #undef ROCJIT_WG_R8
 #undef ROCJIT_WG_R16
 
+// Register-A forms for skinny products: A (64 weight rows x 32 bytes of K) from registers, B (N = 8 / 16 / 32
+// activation rows) from shared memory, D = A B written fresh (scale-d = 0). In warp w of the group, lane l gives
+// a0 / a2 = 4 bytes of row 16 w + l / 4 at K bytes 4 (l % 4) and 16 + 4 (l % 4) of the step, a1 / a3 the same of
+// row + 8 (the mma.sync m16n8k32 / m16n8k16 A fragment; 4 bytes are four e4m3 or two 16-bit values). A register
+// operand may be rewritten only after wait() has seen its group complete; wgmma_fence() must precede the first
+// wgmma that reads registers other instructions wrote.
+#define ROCJIT_WG_W4(i) "=f"(d[i]), "=f"(d[i + 1]), "=f"(d[i + 2]), "=f"(d[i + 3])
+#if ROCJIT_HAS_WGMMA
+#define ROCJIT_WG_RS(FN, INSTR, TAIL, R, REGS, OPS, ...)                                                         \
+    ROCJIT_INLINE void FN(float (&d)[R], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long db) { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " OPS ";\n" INSTR " " REGS ", p, " TAIL ";\n}\n"              \
+                     : __VA_ARGS__ : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(0));                      \
+    }
+#else
+#define ROCJIT_WG_RS(FN, INSTR, TAIL, R, REGS, OPS, ...)                                                         \
+    ROCJIT_INLINE void FN(float (&d)[R], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long db) { \
+        (void)d; (void)a0; (void)a1; (void)a2; (void)a3; (void)db;                                                \
+        unsupported_on_target();                                                                                 \
+    }
+#endif
+// REGS: "{d...}, {a0..a3}, desc"; OPS: "<zero operand>, 0" (the predicate scale-d = 0)
+#define ROCJIT_WG_RS4 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8"
+#define ROCJIT_WG_RS8 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12"
+#define ROCJIT_WG_RS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20"
+ROCJIT_WG_RS(e4m3_rs_n8, "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3", "1, 1", 4, ROCJIT_WG_RS4, "%9, 0",
+             ROCJIT_WG_W4(0))
+ROCJIT_WG_RS(e4m3_rs_n16, "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3", "1, 1", 8, ROCJIT_WG_RS8, "%13, 0",
+             ROCJIT_WG_W4(0), ROCJIT_WG_W4(4))
+ROCJIT_WG_RS(e4m3_rs_n32, "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3", "1, 1", 16, ROCJIT_WG_RS16,
+             "%21, 0", ROCJIT_WG_W4(0), ROCJIT_WG_W4(4), ROCJIT_WG_W4(8), ROCJIT_WG_W4(12))
+// 16-bit types: the register-A form has no transpose of A (K-major), only imm-trans-b (0: B K-major)
+#define ROCJIT_WG_RS_K16(T)                                                                                      \
+    ROCJIT_WG_RS(T##_rs_n8, "wgmma.mma_async.sync.aligned.m64n8k16.f32." #T "." #T, "1, 1, 0", 4, ROCJIT_WG_RS4,  \
+                 "%9, 0", ROCJIT_WG_W4(0))                                                                        \
+    ROCJIT_WG_RS(T##_rs_n16, "wgmma.mma_async.sync.aligned.m64n16k16.f32." #T "." #T, "1, 1, 0", 8, ROCJIT_WG_RS8, \
+                 "%13, 0", ROCJIT_WG_W4(0), ROCJIT_WG_W4(4))                                                      \
+    ROCJIT_WG_RS(T##_rs_n32, "wgmma.mma_async.sync.aligned.m64n32k16.f32." #T "." #T, "1, 1, 0", 16,              \
+                 ROCJIT_WG_RS16, "%21, 0", ROCJIT_WG_W4(0), ROCJIT_WG_W4(4), ROCJIT_WG_W4(8), ROCJIT_WG_W4(12))
+ROCJIT_WG_RS_K16(bf16)
+ROCJIT_WG_RS_K16(f16)
+#undef ROCJIT_WG_RS_K16
+#undef ROCJIT_WG_RS
+#undef ROCJIT_WG_RS4
+#undef ROCJIT_WG_RS8
+#undef ROCJIT_WG_RS16
+#undef ROCJIT_WG_W4
+
+// Keeps the compiler from moving register-operand writes across wgmma issue and wait.
+ROCJIT_INLINE void fence_operand(unsigned& r) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile("" : "+r"(r) :: "memory");
+#else
+    (void)r;
+#endif
+}
+
 template <int N> struct mma_n;
 template <> struct mma_n<64> {
     static ROCJIT_INLINE void run(float (&d)[32], unsigned long long a, unsigned long long b, int acc) { mma_m64n64k32(d, a, b, acc); }

@@ -226,6 +226,47 @@ def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> lis
     return out
 
 
+# (SLABS, WG, KB) of skinny_wgmma_kernel: 64 * SLABS weight rows per warpgroup, WG warpgroups splitting K in a
+# block, KB 128-byte boxes of K per step (at 32 activation rows, 2 warpgroups with 2 slabs or KB 2 are left out:
+# over 200 registers). The path is timed only with ROCJIT_SKINNY_WGMMA=1: on an H100 (FP8, weights rotated beyond
+# L2, one run) its best config lost to skinny_gemm_kernel's at every shape tried. 13312 x 16384: M = 32 93.4 us
+# against 91.4 (cuBLASLt 81.6), M = 16 83.8 against 76.1 (77.2); 16384 x 6656: M = 32 49.8 against 46.1 (41.6),
+# M = 16 45.7 against 40.0 (40.8). It streams 2.3 - 2.6 TB/s: a warpgroup keeps one step of weights in flight while
+# it multiplies (a third register set costs an occupancy step), where skinny_gemm_kernel's independent warps keep
+# more bytes in flight.
+_WGMMA_SHAPES = ((1, 1, 1), (1, 2, 1), (1, 1, 2), (2, 1, 1))
+WGMMA_MIN_ROWS = 9
+
+
+def wgmma_enabled() -> bool:
+    """Whether the tuner also times skinny_wgmma_kernel (ROCJIT_SKINNY_WGMMA=1; see _WGMMA_SHAPES)."""
+    return os.environ.get("ROCJIT_SKINNY_WGMMA", "0") == "1"
+
+
+def has_wgmma_path(target: str) -> bool:
+    """skinny_wgmma_kernel needs sm_90a's warpgroup MMA."""
+    return target == "sm_90a"
+
+
+def wgmma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
+    """skinny_wgmma_kernel configs for WGMMA_MIN_ROWS..32 activation rows (none below), with grid split-K as for
+    mma_candidates."""
+    if M < WGMMA_MIN_ROWS:
+        return []
+    out = []
+    for slabs, wg, kb in _WGMMA_SHAPES:
+        if M > 16 and wg > 1 and (kb > 1 or slabs > 1):
+            continue
+        blocks = -(-N // (64 * slabs))
+        nsteps = -(-K * elem_bytes // (128 * kb))
+        for splits in _SPLITS:
+            if splits > 1 and (blocks * splits > 24 * sms or nsteps < splits * wg
+                               or splits * M * N * 8 > 0.1 * N * K * elem_bytes):
+                continue
+            out.append({"path": "wgmma", "slabs": slabs, "wg": wg, "kb": kb, "splits": splits})
+    return out
+
+
 def portable_candidates(M: int) -> list[dict]:
     return [{"path": "portable", "p": p, "rows": r, "unroll": u}
             for p, r, u in ((32, 4, 2), (16, 8, 2), (8, 16, 2))]
@@ -257,27 +298,46 @@ def launch_mma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, t
     nkb = -(-K // (4 * per16))
     kb_per_split = -(-nkb // splits)
     splits = -(-nkb // kb_per_split)
-    modes = scale_modes(M, N, scale_a, scale_w)
-    ldo = out.shape[-1]
     minb = cfg.get("minb", 0) if target.startswith("sm_") else 0
     pipe = int(bool(cfg.get("pipe")))
     name = f"skinny_gemm_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {mt}, {nt}, {wk}, {un}, {minb}, {pipe}, {ep}>"
-    grid = (-(-N // (16 * mt)), splits)
-    k = _kernel(SRC, name, hint_defines(cfg))
+    return _launch_split_k(_kernel(SRC, name, hint_defines(cfg)), (-(-N // (16 * mt)), splits), wk * wave, a, w,
+                           out, scale_a, scale_w, M, N, K, kb_per_split, call, ep, residual, out_scale)
+
+
+def _launch_split_k(k, grid, block, a, w, out, scale_a, scale_w, M, N, K, per_split, call, ep, residual, out_scale):
+    """Launches a skinny kernel of grid (row tiles, splits) (the launch signature of skinny_gemm_kernel and
+    skinny_wgmma_kernel); with more than one split, its fp32 partials and skinny_splitk_reduce, which then runs the
+    epilogue."""
+    modes = scale_modes(M, N, scale_a, scale_w)
+    ldo = out.shape[-1]
+    splits = grid[1]
     if splits == 1:
-        call.launch(k, grid, wk * wave, a, w, out, None, residual, out_scale, scale_a, scale_w, modes, M, N, K,
-                    kb_per_split, ldo)
+        call.launch(k, grid, block, a, w, out, None, residual, out_scale, scale_a, scale_w, modes, M, N, K,
+                    per_split, ldo)
         return out
     # the fp32 partials go to the current stream's workspace (launches on one stream never overlap), so a
     # replayed split-K call allocates its output alone
     partial = call.const(_stream_workspace(a.device, splits * M * N))
     call.bind_stream()
-    call.launch(k, grid, wk * wave, a, w, out, partial, residual, out_scale, scale_a, scale_w, modes, M, N, K,
-                kb_per_split, ldo)
+    call.launch(k, grid, block, a, w, out, partial, residual, out_scale, scale_a, scale_w, modes, M, N, K,
+                per_split, ldo)
     r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {ep}>")
     call.launch(r, -(-(M * ldo) // 256), 256, partial, out, residual, out_scale, scale_a, scale_w, modes, M, N,
                 splits, ldo)
     return out
+
+
+def launch_wgmma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, call=UNRECORDED, *,
+                 ep: str = EP_STORE, residual=None, out_scale=None):
+    """C = A W^T (* scales) with skinny_wgmma_kernel (sm_90a; see wgmma_candidates), epilogues as launch_mma."""
+    slabs, wg, kb = cfg["slabs"], cfg["wg"], cfg["kb"]
+    nsteps = -(-K * a.element_size() // (128 * kb))
+    per_split = -(-nsteps // cfg["splits"])
+    name = (f"skinny_wgmma_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {tma_rows(M)}, {slabs}, {wg}, {kb}, "
+            f"{ep}>")
+    return _launch_split_k(_kernel(SRC, name, hint_defines(cfg)), (-(-N // (64 * slabs)), -(-nsteps // per_split)),
+                           128 * wg, a, w, out, scale_a, scale_w, M, N, K, per_split, call, ep, residual, out_scale)
 
 
 _stream_state: dict = {}

@@ -23,9 +23,9 @@ from rocjit import targets
 from rocjit.ops import _common as C
 from rocjit.ops import _gemm as G
 from rocjit.ops._gemm import (EP_RESIDUAL, EP_STORE, aligned_operands, ctype, ep_swiglu,  # noqa: F401
-                              has_epilogue_path, has_matrix_path, has_stream_path, has_tma_path, launch_mma,
-                              launch_portable, launch_stream, launch_tma, mma_candidates, mma_default,
-                              portable_candidates, stream_candidates, tma_candidates)
+                              has_epilogue_path, has_matrix_path, has_stream_path, has_tma_path, has_wgmma_path,
+                              launch_mma, launch_portable, launch_stream, launch_tma, launch_wgmma, mma_candidates,
+                              mma_default, portable_candidates, stream_candidates, tma_candidates, wgmma_candidates)
 from rocjit.ops._op import UNRECORDED, op
 
 MAX_M = 32
@@ -94,6 +94,8 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
         cands, default = mma_candidates(M, N, K, sms, eb, target), mma_default(M, N, K, sms, eb)
         if has_stream_path(target):                  # a and w are 16-byte aligned (aligned_operands)
             cands = stream_candidates(M, N, K, sms, eb) + cands
+        if has_wgmma_path(target) and G.wgmma_enabled():
+            cands = wgmma_candidates(M, N, K, sms, eb) + cands
         if has_tma_path(target) and G.tma_enabled():
             cands = tma_candidates(M, N, K, sms, eb) + cands
     elif fused:
@@ -107,6 +109,9 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
         if cfg["path"] == "mma":
             return launch_mma(a, w, out, scale_a, scale_w, M, N, K, cfg, target, wave, call, ep=ep,
                               residual=residual, out_scale=out_scale)
+        if cfg["path"] == "wgmma":
+            return launch_wgmma(a, w, out, scale_a, scale_w, M, N, K, cfg, call, ep=ep, residual=residual,
+                                out_scale=out_scale)
         if cfg["path"] == "tma":
             return launch_tma(a, w, out, scale_a, scale_w, M, N, K, cfg, sms, call, ep=ep, residual=residual,
                               out_scale=out_scale)

@@ -83,7 +83,7 @@ def test_an_opted_in_kernel_starts_before_the_kernel_ahead_ends(hopper):
     assert overlapped, "the probe waited for the whole copy in every try: no programmatic launch"
 
 
-@pytest.mark.parametrize("path", ["mma", "mma_splitk", "stream"])
+@pytest.mark.parametrize("path", ["mma", "mma_splitk", "stream", "wgmma"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_skinny_gemm_reads_weights_written_at_the_end_of_the_kernel_ahead(hopper, path, graph):
     M, N, K = 3, 1037, 4096
@@ -93,9 +93,12 @@ def test_skinny_gemm_reads_weights_written_at_the_end_of_the_kernel_ahead(hopper
     sa, sw = torch.tensor([0.37], device="cuda"), torch.rand(N, device="cuda", generator=g) + 0.5
     ref = (a.double() @ w_src.double().t()) * 0.37 * sw.double()[None, :]
     target, _, sms = skinny._device(0)
+    if path == "wgmma" and not skinny.has_wgmma_path(target):
+        pytest.skip(f"{target} has no warpgroup MMA")
     cfg = {"mma": {"path": "mma", "mt": 1, "warps_k": 4, "unroll": 2, "splits": 1},
            "mma_splitk": {"path": "mma", "mt": 1, "warps_k": 4, "unroll": 2, "splits": 4},
-           "stream": dict(skinny.stream_candidates(M, N, K, sms, 1)[0])}[path]
+           "stream": dict(skinny.stream_candidates(M, N, K, sms, 1)[0]),
+           "wgmma": {"path": "wgmma", "slabs": 1, "wg": 2, "kb": 1, "splits": 1}}[path]
     w = torch.empty_like(w_src)
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
 
@@ -105,6 +108,8 @@ def test_skinny_gemm_reads_weights_written_at_the_end_of_the_kernel_ahead(hopper
         _slow_copy(hopper, w, w_src)
         if path == "stream":
             skinny.launch_stream(a, w, out, sa, sw, M, N, K, cfg, sms)
+        elif path == "wgmma":
+            skinny.launch_wgmma(a, w, out, sa, sw, M, N, K, cfg)
         else:
             skinny.launch_mma(a, w, out, sa, sw, M, N, K, cfg, target, 32)
     if graph:

@@ -43,6 +43,8 @@ def test_every_config_matches_reference(dt, M, K):
         cfgs += skinny.stream_candidates(M, N, K, sms, a.element_size())
     if cfgs and skinny.has_tma_path(target):
         cfgs += skinny.tma_candidates(M, N, K, sms, a.element_size())
+    if cfgs and skinny.has_wgmma_path(target):
+        cfgs += skinny.wgmma_candidates(M, N, K, sms, a.element_size())
     cfgs += skinny.portable_candidates(M)[:1]
     for cfg in cfgs:
         out = torch.full((M, N), float("nan"), dtype=od, device="cuda")
@@ -52,6 +54,8 @@ def test_every_config_matches_reference(dt, M, K):
             skinny.launch_stream(a, w, out, sa, sw, M, N, K, cfg, sms)
         elif cfg["path"] == "tma":
             skinny.launch_tma(a, w, out, sa, sw, M, N, K, cfg, sms)
+        elif cfg["path"] == "wgmma":
+            skinny.launch_wgmma(a, w, out, sa, sw, M, N, K, cfg)
         else:
             xt = "unsigned char" if dt == F8 else skinny.ctype(dt)
             wk = "gemv::w_e4m3" if dt == F8 else {torch.bfloat16: "gemv::w_bf16", torch.float16: "gemv::w_f16"}[dt]

@@ -1,5 +1,5 @@
 """Fused skinny-GEMM epilogues on the GPU against float64 references: gate/up + SwiGLU (+ static FP8) and
-down + residual, on every kernel path (mma with and without grid split-K, stream), through the ops, their eager
+down + residual, on every kernel path (mma with and without grid split-K, stream, tma, wgmma), through the ops, their eager
 plans, CUDA graphs and torch.compile."""
 import pytest
 
@@ -75,6 +75,8 @@ def _configs(M, N, K, eb):
         cfgs = skinny.stream_candidates(M, N, K, sms, eb) + cfgs
     if skinny.has_tma_path(target):
         cfgs = skinny.tma_candidates(M, N, K, sms, eb) + cfgs
+    if skinny.has_wgmma_path(target):
+        cfgs = skinny.wgmma_candidates(M, N, K, sms, eb) + cfgs
     return cfgs, target, sms
 
 
@@ -83,6 +85,8 @@ def _launch(cfg, a, w, out, sa, sw, M, N, K, target, sms, **kw):
         return G.launch_mma(a, w, out, sa, sw, M, N, K, cfg, target, 32 if target.startswith("sm_") else 64, **kw)
     if cfg["path"] == "tma":
         return G.launch_tma(a, w, out, sa, sw, M, N, K, cfg, sms, **kw)
+    if cfg["path"] == "wgmma":
+        return G.launch_wgmma(a, w, out, sa, sw, M, N, K, cfg, **kw)
     return G.launch_stream(a, w, out, sa, sw, M, N, K, cfg, sms, **kw)
 
 
