@@ -141,6 +141,34 @@ __device__ __forceinline__ void mma_chunk(float* c, const uint4 (&w)[kRowsPerLan
     mma<E>(c, w[0].x, w[1].x, w[0].y, w[1].y, x.x, x.y);
     mma<E>(c, w[0].z, w[1].z, w[0].w, w[1].w, x.z, x.w);
 }
+#if ROCJIT_SM >= 900 && ROCJIT_SM < 1000 && !defined(SKINNY_PTXAS_FP8)
+// Hopper has no FP8 mma.sync in hardware: ptxas expands each m16n8k32 e4m3 into e4m3 -> f16 conversions of both
+// operands, two f16 m16n8k16 instructions and fp32 adds (SASS of the (1, 4, 2) build at 4 activation tiles: 112
+// F2FP, 112 FADD, 32 HMMA), converting a weight fragment again for every activation tile. Here the 16 bytes are
+// widened once each (the conversions are side-effect-free asm, so the compiler shares a weight chunk's among the
+// activation tiles) and multiplied by four f16 instructions accumulating in place: byte 4 i + 2 s .. + 1 of every
+// operand is the lane's k pair s of instruction i (K order does not matter to the dot product). On an H100 (FP8,
+// weights rotated beyond L2, one run, best config each) 13312 x 16384 at M = 32 ran in 85.6 us against 91.8 with
+// ptxas's expansion (cuBLASLt 82.2), 16384 x 6656 at M = 32 in 46.1 against 47.3 and at M = 1 in 34.8 against 36.0.
+// -DSKINNY_PTXAS_FP8 restores the expansion, for comparison.
+__device__ __forceinline__ void widen_e4m3(unsigned v, unsigned& lo, unsigned& hi) {
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi) : "r"(v));
+}
+template <>
+__device__ __forceinline__ void mma_chunk<e4m3_t>(float* c, const uint4 (&w)[kRowsPerLane], uint4 x) {
+    const unsigned g[4] = {w[0].x, w[0].y, w[0].z, w[0].w}, e[4] = {w[1].x, w[1].y, w[1].z, w[1].w};
+    const unsigned b[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        unsigned g0, g1, e0, e1, b0, b1;
+        widen_e4m3(g[i], g0, g1);
+        widen_e4m3(e[i], e0, e1);
+        widen_e4m3(b[i], b0, b1);
+        mma<f16_t>(c, g0, e0, g1, e1, b0, b1);
+    }
+}
+#endif
 
 // Accumulator r of (m-tile t, n-tile j) -> (weight row within the warp's tiles, activation row).
 __device__ __forceinline__ int acc_wrow(int t, int r) { return 16 * t + lane_row() + 8 * (r >> 1); }
