@@ -143,11 +143,12 @@ __device__ __forceinline__ void mma_chunk(float* c, const uint4 (&w)[kRowsPerLan
 }
 #if ROCJIT_SM >= 900 && ROCJIT_SM < 1000 && !defined(SKINNY_PTXAS_FP8)
 // Hopper has no FP8 mma.sync in hardware: ptxas expands each m16n8k32 e4m3 into e4m3 -> f16 conversions of both
-// operands, two f16 m16n8k16 instructions and fp32 adds (SASS of the (1, 4, 2) build at 4 activation tiles: 112
-// F2FP, 112 FADD, 32 HMMA), converting a weight fragment again for every activation tile. Here the 16 bytes are
-// widened once each (the conversions are side-effect-free asm, so the compiler shares a weight chunk's among the
-// activation tiles) and multiplied by four f16 instructions accumulating in place: byte 4 i + 2 s .. + 1 of every
-// operand is the lane's k pair s of instruction i (K order does not matter to the dot product). On an H100 (FP8,
+// operands, two f16 m16n8k16 instructions into temporaries and fp32 adds into the accumulators (SASS of the
+// (1, 4, 2) build at 4 activation tiles: 112 F2FP, 112 FADD, 32 HMMA; with this: 112, 48 -- the warps' reduction
+// and the epilogue --, 32). Here the 16 bytes are widened (side-effect-free asm: the compiler shares a weight
+// chunk's conversions among the activation tiles) and multiplied by four f16 instructions accumulating in place:
+// byte 4 i + 2 s .. + 1 of every operand is the lane's k pair s of instruction i (K order does not matter to the
+// dot product). tests/test_skinny_weight_stream_cpu.py counts the SASS. On an H100 (FP8,
 // weights rotated beyond L2, one run, best config each) 13312 x 16384 at M = 32 ran in 85.6 us against 91.8 with
 // ptxas's expansion (cuBLASLt 82.2), 16384 x 6656 at M = 32 in 46.1 against 47.3 and at M = 1 in 34.8 against 36.0.
 // -DSKINNY_PTXAS_FP8 restores the expansion, for comparison.

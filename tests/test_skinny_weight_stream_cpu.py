@@ -2,6 +2,7 @@
 hooks build for NVIDIA and AMD, the MINB launch-bounds argument reaches the kernel name, and the H100's shipped
 configs are candidates of their shapes (so they are used, not silently replaced by the built-in default)."""
 import itertools
+import re
 
 import pytest
 
@@ -76,6 +77,31 @@ def test_programmatic_launch_hooks_build_everywhere(target):
         names.append(STREAM_NAME)
     co = Module("skinny_gemm.hip").compile(target, tuple(names))
     assert co.binary and all(n in co.lowered for n in names)
+
+
+def _sass_ops(lines, op):
+    return sum(1 for line in lines if re.search(rf"\*/\s+(@!?U?P\w+\s+)?{op}[.\s]", line))
+
+
+def test_fp8_multiplies_on_hopper_without_ptxas_expansion():
+    """sm_90a has no FP8 mma.sync: ptxas expands each e4m3 m16n8k32 into conversions, two f16 HMMAs into
+    temporaries and four fp32 adds. The skinny FP8 builds widen each chunk themselves and accumulate in place, so
+    they have the f16 build's fp32 adds (only the warps' reduction and the epilogue) and no more conversions than
+    the expansion. -DSKINNY_PTXAS_FP8 (the expansion) must show the extra adds, or this test could not tell the two
+    apart."""
+    if not _nvrtc():
+        pytest.skip("cuda-bindings (NVRTC) not installed")
+    fp8, f16 = (f"skinny_gemm_kernel<skinny::{e}, {o}, 1, 4, 4, 2, 4, 0, skinny::ep_store>"
+                for e, o in (("e4m3_t", "__hip_bfloat16"), ("f16_t", "__half")))
+    co = Module("skinny_gemm.hip").compile("sm_90a", (fp8, f16))
+    old = Module("skinny_gemm.hip", defines={"SKINNY_PTXAS_FP8": "1"}).compile("sm_90a", (fp8,))
+    sass, sass_old = _functions_sass(co.binary), _functions_sass(old.binary)
+    new_f8, new_16, old_f8 = sass[co.lowered[fp8]], sass[co.lowered[f16]], sass_old[old.lowered[fp8]]
+    # twice the f16 build's HMMAs (a 16-byte chunk holds 16 FP8 values of K against 8 f16), as many as ptxas's
+    assert _sass_ops(new_f8, "HMMA") == 2 * _sass_ops(new_16, "HMMA") == _sass_ops(old_f8, "HMMA") > 0
+    assert _sass_ops(new_f8, "FADD") == _sass_ops(new_16, "FADD")
+    assert _sass_ops(old_f8, "FADD") >= _sass_ops(new_f8, "FADD") + 2 * _sass_ops(new_f8, "HMMA")
+    assert 0 < _sass_ops(new_f8, "F2FP") <= _sass_ops(old_f8, "F2FP")
 
 
 def _launch_names(monkeypatch, launches):
