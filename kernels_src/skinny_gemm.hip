@@ -74,27 +74,11 @@ template <> __device__ __forceinline__ void store_out<__hip_bfloat16>(__hip_bflo
 }
 
 // Activations and their scales come from the kernel ahead, which may still be running when this one starts
-// (programmatic dependent launch): they are read with coherent loads. Through a const __restrict__ pointer the
-// compiler would use the read-only path (ld.global.nc), whose loads ptxas may schedule above
-// griddepcontrol.wait -- a read of the previous kernel's output before it is complete (the pipelined build's SASS
-// had them there; tests/test_skinny_weight_stream_cpu.py checks every build). Weights and their scales never
-// change during a launch and keep the read-only path.
-__device__ __forceinline__ uint4 load16(const void* p) {
-#if defined(SKINNY_NV)
-    uint4 v;
-    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-#else
-    return *reinterpret_cast<const uint4*>(p);
-#endif
-}
-__device__ __forceinline__ float load_dep(const float* p) {
-#if defined(SKINNY_NV)
-    return __ldcg(p);
-#else
-    return *p;
-#endif
-}
+// (programmatic dependent launch): they are read with rocjit/stream.h's coherent loads (load16_dep, load_dep), never
+// the read-only path (tests/test_skinny_weight_stream_cpu.py checks more skinny builds than the all-sources test).
+// Weights and their scales never change during a launch and keep the read-only path.
+__device__ __forceinline__ uint4 load16(const void* p) { return rocjit::load16_dep(p); }
+using rocjit::load_dep;
 // scale_modes bit 0: scale_w holds one scale per output column n (else one per tensor);
 // bit 1: scale_a holds one scale per activation row m (dynamic per-token FP8), else one per tensor.
 __device__ __forceinline__ float scale_at(const float* s, int per_index, int i) {

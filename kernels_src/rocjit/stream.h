@@ -80,6 +80,30 @@ ROCJIT_INLINE void grid_dependency_sync() {
     grid_dependency_wait();
 }
 
+// Loads of what the kernel ahead writes (activations, their scales) under programmatic dependent launch: coherent
+// global loads, never the read-only path. Through a const __restrict__ pointer the compiler may emit ld.global.nc
+// (SASS LDG...CONSTANT), which promises the data cannot change during the kernel, and ptxas is then free to
+// schedule the load above griddepcontrol.wait: a read of the kernel ahead's output before it is complete (the
+// pipelined skinny GEMM's SASS had such loads there; tests/test_pdl_cpu.py disassembles every checked build of
+// every PDL source and fails on one). Data that never changes during a launch (weights, their scales) may keep the
+// read-only path (load16_once).
+ROCJIT_INLINE uint4 load16_dep(const void* p) {
+#if ROCJIT_NVIDIA
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+ROCJIT_INLINE float load_dep(const float* p) {
+#if ROCJIT_NVIDIA
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+
 // Ask L2 for the line holding p, reading no value: unlike a load, it may come before grid_dependency_wait()
 // even where the kernel ahead writes p (L2 is where the GPU's memory is coherent; the load after the wait
 // sees that kernel's write). Compiled only where programmatic launch exists.
