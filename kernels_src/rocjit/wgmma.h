@@ -204,32 +204,6 @@ ROCJIT_INLINE void mma_m64n256k32(float (&d)[128], unsigned long long desc_a, un
         unsupported_on_target();                                                                                 \
     }
 #endif
-#define ROCJIT_WG_R4 "{%0, %1, %2, %3}"
-#define ROCJIT_WG_R8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
-#define ROCJIT_WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-ROCJIT_WG_SMALL(e4m3_n8, "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3", "1, 1", 4, ROCJIT_WG_R4, "%5, %6",
-                ROCJIT_WG_D4(0))
-ROCJIT_WG_SMALL(e4m3_n16, "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3", "1, 1", 8, ROCJIT_WG_R8, "%9, %10",
-                ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))
-ROCJIT_WG_SMALL(e4m3_n32, "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3", "1, 1", 16, ROCJIT_WG_R16,
-                "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
-// bf16 and f16 share their forms (k16: 32 bytes of K per row as for e4m3's k32)
-#define ROCJIT_WG_K16(T)                                                                                         \
-    ROCJIT_WG_SMALL(T##_n8, "wgmma.mma_async.sync.aligned.m64n8k16.f32." #T "." #T, "1, 1, 0, 0", 4, ROCJIT_WG_R4,  \
-                    "%5, %6", ROCJIT_WG_D4(0))                                                                   \
-    ROCJIT_WG_SMALL(T##_n16, "wgmma.mma_async.sync.aligned.m64n16k16.f32." #T "." #T, "1, 1, 0, 0", 8, ROCJIT_WG_R8, \
-                    "%9, %10", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))                                                 \
-    ROCJIT_WG_SMALL(T##_n32, "wgmma.mma_async.sync.aligned.m64n32k16.f32." #T "." #T, "1, 1, 0, 0", 16,           \
-                    ROCJIT_WG_R16, "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12))
-ROCJIT_WG_K16(bf16)
-ROCJIT_WG_K16(f16)
-#undef ROCJIT_WG_K16
-#undef ROCJIT_WG_SMALL
-#undef ROCJIT_WG_D4
-#undef ROCJIT_WG_R4
-#undef ROCJIT_WG_R8
-#undef ROCJIT_WG_R16
-
 // Register-A forms for skinny products: A (64 weight rows x 32 bytes of K) from registers, B (N = 8 / 16 / 32
 // activation rows) from shared memory, D = A B written fresh (scale-d = 0). In warp w of the group, lane l gives
 // a0 / a2 = 4 bytes of row 16 w + l / 4 at K bytes 4 (l % 4) and 16 + 4 (l % 4) of the step, a1 / a3 the same of
@@ -250,32 +224,43 @@ ROCJIT_WG_K16(f16)
         unsupported_on_target();                                                                                 \
     }
 #endif
-// REGS: "{d...}, {a0..a3}, desc"; OPS: "<zero operand>, 0" (the predicate scale-d = 0)
+#define ROCJIT_WG_R4 "{%0, %1, %2, %3}"
+#define ROCJIT_WG_R8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define ROCJIT_WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+// register-A operand lists: "{d...}, {a0..a3}, desc", the predicate's zero operand after them
 #define ROCJIT_WG_RS4 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8"
 #define ROCJIT_WG_RS8 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12"
 #define ROCJIT_WG_RS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20"
-ROCJIT_WG_RS(e4m3_rs_n8, "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3", "1, 1", 4, ROCJIT_WG_RS4, "%9, 0",
-             ROCJIT_WG_W4(0))
-ROCJIT_WG_RS(e4m3_rs_n16, "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3", "1, 1", 8, ROCJIT_WG_RS8, "%13, 0",
-             ROCJIT_WG_W4(0), ROCJIT_WG_W4(4))
-ROCJIT_WG_RS(e4m3_rs_n32, "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3", "1, 1", 16, ROCJIT_WG_RS16,
-             "%21, 0", ROCJIT_WG_W4(0), ROCJIT_WG_W4(4), ROCJIT_WG_W4(8), ROCJIT_WG_W4(12))
-// 16-bit types: the register-A form has no transpose of A (K-major), only imm-trans-b (0: B K-major)
-#define ROCJIT_WG_RS_K16(T)                                                                                      \
-    ROCJIT_WG_RS(T##_rs_n8, "wgmma.mma_async.sync.aligned.m64n8k16.f32." #T "." #T, "1, 1, 0", 4, ROCJIT_WG_RS4,  \
+// T_n8 / _n16 / _n32 (both operands in shared memory) and T_rs_n8 / _rs_n16 / _rs_n32 (A in registers) of element
+// type T, K values per instruction (32 bytes of K per row either way), the instructions' trailing immediates (16-bit
+// types: transposes of A and B, none for a register A; e4m3 has none).
+#define ROCJIT_WG_TYPE(T, K, SS_TAIL, RS_TAIL)                                                                    \
+    ROCJIT_WG_SMALL(T##_n8, "wgmma.mma_async.sync.aligned.m64n8k" #K ".f32." #T "." #T, SS_TAIL, 4, ROCJIT_WG_R4,   \
+                    "%5, %6", ROCJIT_WG_D4(0))                                                                    \
+    ROCJIT_WG_SMALL(T##_n16, "wgmma.mma_async.sync.aligned.m64n16k" #K ".f32." #T "." #T, SS_TAIL, 8, ROCJIT_WG_R8, \
+                    "%9, %10", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4))                                                  \
+    ROCJIT_WG_SMALL(T##_n32, "wgmma.mma_async.sync.aligned.m64n32k" #K ".f32." #T "." #T, SS_TAIL, 16,             \
+                    ROCJIT_WG_R16, "%17, %18", ROCJIT_WG_D4(0), ROCJIT_WG_D4(4), ROCJIT_WG_D4(8), ROCJIT_WG_D4(12)) \
+    ROCJIT_WG_RS(T##_rs_n8, "wgmma.mma_async.sync.aligned.m64n8k" #K ".f32." #T "." #T, RS_TAIL, 4, ROCJIT_WG_RS4, \
                  "%9, 0", ROCJIT_WG_W4(0))                                                                        \
-    ROCJIT_WG_RS(T##_rs_n16, "wgmma.mma_async.sync.aligned.m64n16k16.f32." #T "." #T, "1, 1, 0", 8, ROCJIT_WG_RS8, \
-                 "%13, 0", ROCJIT_WG_W4(0), ROCJIT_WG_W4(4))                                                      \
-    ROCJIT_WG_RS(T##_rs_n32, "wgmma.mma_async.sync.aligned.m64n32k16.f32." #T "." #T, "1, 1, 0", 16,              \
+    ROCJIT_WG_RS(T##_rs_n16, "wgmma.mma_async.sync.aligned.m64n16k" #K ".f32." #T "." #T, RS_TAIL, 8,              \
+                 ROCJIT_WG_RS8, "%13, 0", ROCJIT_WG_W4(0), ROCJIT_WG_W4(4))                                      \
+    ROCJIT_WG_RS(T##_rs_n32, "wgmma.mma_async.sync.aligned.m64n32k" #K ".f32." #T "." #T, RS_TAIL, 16,             \
                  ROCJIT_WG_RS16, "%21, 0", ROCJIT_WG_W4(0), ROCJIT_WG_W4(4), ROCJIT_WG_W4(8), ROCJIT_WG_W4(12))
-ROCJIT_WG_RS_K16(bf16)
-ROCJIT_WG_RS_K16(f16)
-#undef ROCJIT_WG_RS_K16
+ROCJIT_WG_TYPE(e4m3, 32, "1, 1", "1, 1")
+ROCJIT_WG_TYPE(bf16, 16, "1, 1, 0, 0", "1, 1, 0")
+ROCJIT_WG_TYPE(f16, 16, "1, 1, 0, 0", "1, 1, 0")
+#undef ROCJIT_WG_TYPE
+#undef ROCJIT_WG_SMALL
 #undef ROCJIT_WG_RS
+#undef ROCJIT_WG_D4
+#undef ROCJIT_WG_W4
+#undef ROCJIT_WG_R4
+#undef ROCJIT_WG_R8
+#undef ROCJIT_WG_R16
 #undef ROCJIT_WG_RS4
 #undef ROCJIT_WG_RS8
 #undef ROCJIT_WG_RS16
-#undef ROCJIT_WG_W4
 
 // Keeps the compiler from moving register-operand writes across wgmma issue and wait.
 ROCJIT_INLINE void fence_operand(unsigned& r) {
