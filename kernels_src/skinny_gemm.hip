@@ -77,12 +77,10 @@ template <> __device__ __forceinline__ void store_out<__hip_bfloat16>(__hip_bflo
 // (programmatic dependent launch): they are read with rocjit/stream.h's coherent loads (load16_dep, load_dep), never
 // the read-only path (tests/test_skinny_weight_stream_cpu.py checks more skinny builds than the all-sources test).
 // Weights and their scales never change during a launch and keep the read-only path.
-__device__ __forceinline__ uint4 load16(const void* p) { return rocjit::load16_dep(p); }
-using rocjit::load_dep;
 // scale_modes bit 0: scale_w holds one scale per output column n (else one per tensor);
 // bit 1: scale_a holds one scale per activation row m (dynamic per-token FP8), else one per tensor.
 __device__ __forceinline__ float scale_at(const float* s, int per_index, int i) {
-    return s ? load_dep(s + (per_index ? i : 0)) : 1.f;
+    return s ? rocjit::load_dep(s + (per_index ? i : 0)) : 1.f;
 }
 // Weights are read once: no L1 line, and (SKINNY_W_HINT, see rocjit/stream.h) an L2 prefetch size / policy.
 __device__ __forceinline__ uint4 load16_stream(const void* p) { return rocjit::load16_once<SKINNY_W_HINT>(p); }
@@ -279,7 +277,7 @@ __device__ __forceinline__ epilogue<OT> make_epilogue(OT* out, const OT* residua
                                                      int M, int N, int ldo) {
     float qmul = 1.f;
     if constexpr (EP::kind == 2) {
-        if constexpr (quantizes<typename EP::quant>::value) qmul = 1.0f / load_dep(out_scale);
+        if constexpr (quantizes<typename EP::quant>::value) qmul = 1.0f / rocjit::load_dep(out_scale);
     }
     return epilogue<OT>{out, residual, scale_a, scale_w, modes, M, N, ldo, qmul};
 }
@@ -407,7 +405,7 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
                     wv[u][t][h] = live ? load16_stream(wrow[t][h] + (size_t)kb * kBlockK) : zero;
 #pragma unroll
             for (int j = 0; j < NT; ++j)
-                av[u][j] = (live && a_live[j]) ? load16(arow[j] + (size_t)kb * kBlockK) : zero;
+                av[u][j] = (live && a_live[j]) ? rocjit::load16_dep(arow[j] + (size_t)kb * kBlockK) : zero;
         }
     };
     auto math_step = [&](const uint4 (&wv)[UNROLL][MT][kRowsPerLane], const uint4 (&av)[UNROLL][NT]) {
@@ -549,7 +547,7 @@ skinny_gemm_blockwise_kernel(const unsigned char* __restrict__ a, const unsigned
 #pragma unroll
                 for (int r = 0; r < kAcc; ++r) {
                     const int m = acc_arow(j, r);
-                    bsa[p][j][r] = live && m < M ? load_dep(sa + (size_t)m * sa_m + (size_t)kbl * sa_k) : 0.f;
+                    bsa[p][j][r] = live && m < M ? rocjit::load_dep(sa + (size_t)m * sa_m + (size_t)kbl * sa_k) : 0.f;
                 }
         }
         uint4 wv[UNROLL][MT][kRowsPerLane];
@@ -565,7 +563,7 @@ skinny_gemm_blockwise_kernel(const unsigned char* __restrict__ a, const unsigned
                 for (int h = 0; h < kRowsPerLane; ++h)
                     wv[u][t][h] = live ? load16_stream(wrow[t][h] + (size_t)kb * 64) : zero;
 #pragma unroll
-            for (int j = 0; j < NT; ++j) av[u][j] = (live && a_live[j]) ? load16(arow[j] + (size_t)kb * 64) : zero;
+            for (int j = 0; j < NT; ++j) av[u][j] = (live && a_live[j]) ? rocjit::load16_dep(arow[j] + (size_t)kb * 64) : zero;
         }
 #pragma unroll
         for (int p = 0; p < kPairs; ++p)
