@@ -110,20 +110,24 @@ def hint_defines(cfg: dict) -> tuple:
     return (("SKINNY_W_HINT", str(int(h))),) if h is not None else ()
 
 
+def _grid_splits(M: int, N: int, K: int, sms: int, elem_bytes: int, blocks: int, steps: int) -> list[int]:
+    """Grid split-K counts worth timing for a kernel of `blocks` row tiles whose K range holds `steps` whole rounds
+    of its block (one step for every warp or warpgroup splitting K inside it): at most 24 blocks per
+    multiprocessor, at least one round per split, and fp32 partials (splits * M * N * 8 bytes of traffic) of at
+    most a tenth of the weight bytes."""
+    return [s for s in _SPLITS
+            if s == 1 or (blocks * s <= 24 * sms and steps >= s and s * M * N * 8 <= 0.1 * N * K * elem_bytes)]
+
+
 def mma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2, target: str = "") -> list[dict]:
     """Matrix-core configs worth timing: rows per warp (MT tiles of 16), warps splitting K in a block,
     k-blocks in flight, and grid split-K (fills the GPU at small N and evens out the last wave; the
     fp32 partials cost splits * M * N * 8 bytes of traffic). On NVIDIA, weights smaller than
     SMALL_WEIGHT_BYTES are also tried with the ALT_HINT load policy."""
-    out = []
     nkb = -(-K * elem_bytes // 64)                      # 64-byte k-blocks per row
-    for mt, wk, un in _MMA_SHAPES:
-        blocks = -(-N // (16 * mt))
-        for splits in _SPLITS:
-            if splits > 1 and (blocks * splits > 24 * sms or nkb < splits * wk * un
-                               or splits * M * N * 8 > 0.1 * N * K * elem_bytes):
-                continue
-            out.append({"path": "mma", "mt": mt, "warps_k": wk, "unroll": un, "splits": splits})
+    out = [{"path": "mma", "mt": mt, "warps_k": wk, "unroll": un, "splits": splits}
+           for mt, wk, un in _MMA_SHAPES
+           for splits in _grid_splits(M, N, K, sms, elem_bytes, -(-N // (16 * mt)), nkb // (wk * un))]
     if M <= PIPE_MAX_ROWS:
         out += [dict(c, pipe=1) for c in out if c["splits"] <= PIPE_MAX_SPLITS]
     if target.startswith("sm_") and M > WIDE_MINB_ROWS:
@@ -197,7 +201,8 @@ def has_tma_path(target: str) -> bool:
 
 
 def tma_rows(M: int) -> int:
-    """Activation rows the TMA kernel keeps per chunk (its wgmma N): 8, 16 or 32."""
+    """Activation rows the wgmma kernels (skinny_tma_kernel, skinny_wgmma_kernel) keep per step, their wgmma N: 8,
+    16 or 32."""
     return 8 if M <= 8 else 16 if M <= 16 else 32
 
 
@@ -253,18 +258,10 @@ def wgmma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> l
     mma_candidates."""
     if M < WGMMA_MIN_ROWS:
         return []
-    out = []
-    for slabs, wg, kb in _WGMMA_SHAPES:
-        if M > 16 and wg > 1 and (kb > 1 or slabs > 1):
-            continue
-        blocks = -(-N // (64 * slabs))
-        nsteps = -(-K * elem_bytes // (128 * kb))
-        for splits in _SPLITS:
-            if splits > 1 and (blocks * splits > 24 * sms or nsteps < splits * wg
-                               or splits * M * N * 8 > 0.1 * N * K * elem_bytes):
-                continue
-            out.append({"path": "wgmma", "slabs": slabs, "wg": wg, "kb": kb, "splits": splits})
-    return out
+    return [{"path": "wgmma", "slabs": slabs, "wg": wg, "kb": kb, "splits": splits}
+            for slabs, wg, kb in _WGMMA_SHAPES if not (M > 16 and wg > 1 and (kb > 1 or slabs > 1))
+            for splits in _grid_splits(M, N, K, sms, elem_bytes, -(-N // (64 * slabs)),
+                                       -(-K * elem_bytes // (128 * kb)) // wg)]
 
 
 def portable_candidates(M: int) -> list[dict]:
