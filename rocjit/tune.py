@@ -9,7 +9,10 @@ a file lock, merge with what other processes wrote meanwhile and publish atomica
 Where no tuned entry exists yet:
 - a shipped default marked ``"pinned": true`` -> that default, nothing benchmarked: its config was measured where the
   op runs (the fused decode GEMMs inside the seed's decode chain), which timing the op alone, back to back, cannot
-  reproduce (a tuned entry of the caller's own, e.g. from an earlier version or written by hand, still wins);
+  reproduce (a tuned entry of the caller's own, e.g. from an earlier version or written by hand, still wins). A pin
+  holds the kernel-source hash it was measured on (``"src"``) and counts only while the sources hash the same: on
+  other kernels it is an ordinary shipped default (tuned over). tests/test_tune.py fails when a shipped pin's
+  sources changed, so that it is measured again;
 - ``ROCJIT_AUTOTUNE=0`` -> the shipped default (``tune_defaults.json`` in the package, tuned on an
   H100) for this (op, bucket, dtype, device), else the op's built-in default; nothing is benchmarked;
 - inside CUDA/HIP graph capture -> the same defaults (benchmarking would launch work into the graph);
@@ -33,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import threading
@@ -74,6 +78,30 @@ def source_hash(*paths_or_texts) -> str:
             else str(p).encode()
         h.update(hashlib.sha256(data).digest())
     return h.hexdigest()[:16]
+
+
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def kernel_sources(*names) -> list[Path]:
+    """Library kernel sources (names relative to kernels_src/, or paths) and every header they include with
+    `#include "..."`, found beside the including file or in kernels_src/, each once, in a fixed order: what a tuned
+    config of their kernels was measured on (source_hash of these, so that a changed header invalidates it too)."""
+    from rocjit.compiler import kernels_src_dir
+    root = kernels_src_dir()
+    out: list[Path] = []
+    todo = [Path(n) if Path(n).is_absolute() else root / n for n in names]
+    while todo:
+        p = todo.pop(0).resolve()
+        if p in out:
+            continue
+        out.append(p)
+        for inc in _QUOTED_INCLUDE.findall(p.read_text()):
+            for base in (p.parent, root):
+                if (base / inc).is_file():
+                    todo.append(base / inc)
+                    break
+    return out
 
 
 def entry_key(op: str, bucket_: str, dtype: str, device: str, src_hash: str) -> str:
@@ -215,11 +243,13 @@ def _valid(cfg, candidates) -> bool:
 
 
 def _shipped_config(op: str, bucket_: str, dtype: str, device: str, candidates: Sequence[dict], *,
-                    pinned_only: bool = False) -> dict | None:
-    """The shipped default's config for this key (only a pinned one with `pinned_only`) when it is one of today's
-    candidates, else None."""
+                    pinned_src: str | None = None) -> dict | None:
+    """The shipped default's config for this key when it is one of today's candidates, else None; with `pinned_src`,
+    only a pinned one measured on kernel sources of that hash."""
     rec = shipped_defaults().get(_shipped_key(op, bucket_, dtype, device))
-    if not isinstance(rec, dict) or (pinned_only and not rec.get("pinned")):
+    if not isinstance(rec, dict):
+        return None
+    if pinned_src is not None and not (rec.get("pinned") and rec.get("src") == pinned_src):
         return None
     cfg = rec.get("config")
     return dict(cfg) if _valid(cfg, candidates) else None
@@ -260,7 +290,7 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
     rec = load_entries().get(key)
     if isinstance(rec, dict) and _valid(rec.get("config"), candidates):
         return _remember(key, rec["config"])
-    pinned = _shipped_config(op, default_bucket or bucket, dtype, device, candidates, pinned_only=True)
+    pinned = _shipped_config(op, default_bucket or bucket, dtype, device, candidates, pinned_src=src_hash)
     if pinned is not None:
         return _remember(key, pinned)
     fallback = default_config(op, default_bucket or bucket, dtype, device, candidates, default)

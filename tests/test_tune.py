@@ -85,8 +85,8 @@ def test_pinned_shipped_default_is_used_without_benchmarking(tdir):
     """A shipped default marked pinned (measured where the op runs) is taken as it is, autotuning on; an entry of the
     caller's own tuning file still wins; a pinned config that is no longer a candidate is ignored (then tuned)."""
     (tdir / "shipped.json").write_text(json.dumps({"schema": 1, "entries": {
-        "op|m1_n1024|bf16|FakeGPU": {"config": {"tile": 1}, "pinned": True},
-        "op|m2_n1024|bf16|FakeGPU": {"config": {"tile": 99}, "pinned": True}}}))
+        "op|m1_n1024|bf16|FakeGPU": {"config": {"tile": 1}, "pinned": True, "src": "abc"},
+        "op|m2_n1024|bf16|FakeGPU": {"config": {"tile": 99}, "pinned": True, "src": "abc"}}}))
     calls = []
     assert pick(fake_bench({1: 3.0, 2: 2.0, 4: 1.0}, calls)) == {"tile": 1}
     assert calls == [] and not (tdir / "tune.json").exists()
@@ -95,6 +95,57 @@ def test_pinned_shipped_default_is_used_without_benchmarking(tdir):
         "op|m1_n1024|bf16|FakeGPU|abc": {"config": {"tile": 2}}}}))
     tune.clear_memory()
     assert pick(fake_bench({}, [])) == {"tile": 2}
+
+
+def test_pin_measured_on_other_kernel_sources_is_tuned_over(tdir, monkeypatch):
+    """A pin counts only on the kernel sources it was measured on: with another source hash (or none recorded) it is
+    an ordinary shipped default, so autotuning times the candidates, and with autotuning off it is the default."""
+    (tdir / "shipped.json").write_text(json.dumps({"schema": 1, "entries": {
+        "op|m1_n1024|bf16|FakeGPU": {"config": {"tile": 1}, "pinned": True, "src": "old-source"},
+        "op|m2_n1024|bf16|FakeGPU": {"config": {"tile": 1}, "pinned": True}}}))
+    for bucket in ("m1_n1024", "m2_n1024"):
+        calls = []
+        assert pick(fake_bench({1: 3.0, 2: 2.0, 4: 1.0}, calls), bucket=bucket) == {"tile": 4} and calls
+    tune.clear_memory()
+    monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")
+    assert pick(fake_bench({}, []), bucket="m2_n1024", src_hash="other") == {"tile": 1}
+
+
+def test_shipped_pins_were_measured_on_todays_kernels():
+    """Every pin shipped records the hash of the kernel sources it was measured on, and it is today's: a kernel
+    change (the source or any header it includes) makes its pins plain tuned defaults until they are measured
+    again inside the decode chain on the GPU and re-stamped. (Stale pins once cost the seed's M = 16 FP8 MLP chain
+    9%: 136.1 against 124.7 us re-pinned.)"""
+    from rocjit.ops import _gemm as G
+    pinned = {k: r for k, r in tune.shipped_defaults().items() if r.get("pinned")}
+    assert pinned
+    stale = [k for k, r in pinned.items() if r.get("src") != G.src_hash()]
+    assert not stale, (f"{len(stale)} pinned configs were measured on other kernel sources than today's "
+                       f"({G.src_hash()}); measure them again inside the decode chain, then update their 'src': {stale}")
+
+
+def test_kernel_sources_follow_quoted_includes():
+    """The tuners' source hash covers the headers a kernel includes, so a changed header invalidates tuned entries."""
+    from rocjit.ops import _gemm as G
+    from rocjit.ops import gemm_fp8
+    names = [p.name for p in tune.kernel_sources(G.SRC, G.GEMV_SRC)]
+    assert names[:2] == ["skinny_gemm.hip", "gemv.hip"] and len(names) == len(set(names))
+    assert {"stream.h", "mma_fp8.h", "wgmma.h", "tma.h", "fp8.h", "platform.h"} <= set(names)
+    fp8 = {p.name for p in tune.kernel_sources(gemm_fp8.SRC, gemm_fp8.SRC_SM90, G.SRC)}
+    assert {"gemm_fp8_blockwise_sm90.hip", "wgmma.h", "cluster.h", "skinny_gemm.hip"} <= fp8
+
+
+def test_kernel_source_hash_changes_with_an_included_header(tmp_path, monkeypatch):
+    import rocjit.compiler as compiler
+    (tmp_path / "rocjit").mkdir()
+    (tmp_path / "k.hip").write_text('#include "rocjit/a.h"\n#include <hip/hip_runtime.h>\n__global__ void k() {}\n')
+    (tmp_path / "rocjit" / "a.h").write_text('#include "b.h"\n')
+    (tmp_path / "rocjit" / "b.h").write_text("// b\n")
+    monkeypatch.setattr(compiler, "kernels_src_dir", lambda: tmp_path)
+    assert [p.name for p in tune.kernel_sources("k.hip")] == ["k.hip", "a.h", "b.h"]
+    before = tune.source_hash(*tune.kernel_sources("k.hip"))
+    (tmp_path / "rocjit" / "b.h").write_text("// b, changed\n")
+    assert tune.source_hash(*tune.kernel_sources("k.hip")) != before
 
 
 def test_h100_pinned_defaults_are_candidates_of_their_ops():

@@ -324,11 +324,11 @@ def _k_block_rows(s, R, K):
 
 
 @functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=None)
 def src_hash() -> str:
-    from rocjit.compiler import kernels_src_dir
-    return tune.source_hash(kernels_src_dir() / SRC, kernels_src_dir() / "rocjit" / "mma_fp8.h",
-                            kernels_src_dir() / SRC_SM90, kernels_src_dir() / "rocjit" / "wgmma.h",
-                            kernels_src_dir() / "rocjit" / "tma.h", kernels_src_dir() / G.SRC)
+    """What the tuned configs were measured on: the blockwise sources, the skinny source (the decode kernel) and
+    every header they include."""
+    return tune.source_hash(*tune.kernel_sources(SRC, SRC_SM90, G.SRC))
 
 
 @functools.lru_cache(maxsize=None)
