@@ -539,7 +539,6 @@ def launches(cfg: dict) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-@functools.lru_cache(maxsize=None)
 def src_hash() -> str:
     """What this module's tuned configs were measured on: the skinny and GEMV sources and the headers they include."""
     return tune.source_hash(*tune.kernel_sources(SRC, GEMV_SRC))

@@ -324,7 +324,6 @@ def _k_block_rows(s, R, K):
 
 
 @functools.lru_cache(maxsize=1)
-@functools.lru_cache(maxsize=None)
 def src_hash() -> str:
     """What the tuned configs were measured on: the blockwise sources, the skinny source (the decode kernel) and
     every header they include."""
