@@ -136,6 +136,15 @@ def _header_digest(text: bytes, dirs: list[str], seen: dict[str, tuple[str, str]
             _header_digest(data, dirs, seen, os.path.dirname(p), state)
 
 
+def included_files(path: Path, dirs) -> list[Path]:
+    """Every file an #include of the file at `path` can reach, recursively, looked up as the cache key looks them up
+    (beside their includer, then in each of `dirs`), each once, in the order first reached."""
+    seen: dict[str, tuple[str, str]] = {}
+    _header_digest(Path(path).read_bytes(), [str(d) for d in dirs], seen, str(Path(path).parent),
+                   {"macro": False, "dirs": {}})
+    return [Path(p) for p in seen]
+
+
 def _tree_digest(dirs) -> list:
     """(directory index, relative path, digest) of every file under each directory: the fallback for macro
     includes. Hidden directories and __pycache__ are skipped (no compiler search reaches into them by name)."""

@@ -36,7 +36,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import threading
@@ -80,27 +79,15 @@ def source_hash(*paths_or_texts) -> str:
     return h.hexdigest()[:16]
 
 
-_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
-
-
 def kernel_sources(*names) -> list[Path]:
-    """Library kernel sources (names relative to kernels_src/, or paths) and every header they include with
-    `#include "..."`, found beside the including file or in kernels_src/, each once, in a fixed order: what a tuned
+    """Library kernel sources (names relative to kernels_src/, or paths), then every header they include (as the
+    compiler's cache key finds them, rocjit.compiler.included_files), each once, in a fixed order: what a tuned
     config of their kernels was measured on (source_hash of these, so that a changed header invalidates it too)."""
-    from rocjit.compiler import kernels_src_dir
+    from rocjit.compiler import included_files, kernels_src_dir
     root = kernels_src_dir()
-    out: list[Path] = []
-    todo = [Path(n) if Path(n).is_absolute() else root / n for n in names]
-    while todo:
-        p = todo.pop(0).resolve()
-        if p in out:
-            continue
-        out.append(p)
-        for inc in _QUOTED_INCLUDE.findall(p.read_text()):
-            for base in (p.parent, root):
-                if (base / inc).is_file():
-                    todo.append(base / inc)
-                    break
+    out = [(Path(n) if Path(n).is_absolute() else root / n).resolve() for n in names]
+    for src in list(out):
+        out += [p for p in included_files(src, [root]) if p not in out]
     return out
 
 
