@@ -282,14 +282,60 @@ __device__ __forceinline__ epilogue<OT> make_epilogue(OT* out, const OT* residua
     return epilogue<OT>{out, residual, scale_a, scale_w, modes, M, N, ldo, qmul};
 }
 
-// A warp's finished accumulators: tile t covers weight rows row_base + 16t .. +15 (row_base % 16 == 0).
-// Two passes: every load (scales, the residual) is issued before the first store. `out` may be `residual`
-// itself and the compiler cannot tell the scales apart from `out` either, so interleaved, a load after a
-// store could not start before it. (This did not close the residual epilogue's gap on an H100: FP8 16384 x
-// 6656 at M = 32 with the same config, 50.0 - 50.6 us against 45.5 for the plain store; an L2 prefetch of
-// the residual at the kernel's start did not either.)
-template <class EP, class OT, int MT, int NT>
-__device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int row_base, const epilogue<OT>& p) {
+// A lane's scale factors for its accumulators (acc * a[j][r] * w[t][r]; w8: the SwiGLU up partner's row, 8 rows
+// below). load_scales reads them the way `scaled` does (1 where a pointer is null, one scale per tensor unless
+// modes says per row / column); rows and columns outside M / N read index 0 and their values are dropped.
+// skinny_gemm_kernel issues these loads right behind its last step's, so that the epilogue does not wait for one
+// more L2 round trip after the last multiply. H100, FP8 with per-column weight scales, best of 5 configs each:
+// 16384 x 6656 at M = 16 37.9 us against 42.3 with the loads in the epilogue, at M = 32 45.9 against 48.9;
+// 13312 x 16384 at M = 32 90.8 against 93.7. Loaded right after the grid-dependency wait instead, the values were
+// held (registers, a load scoreboard) through the whole main loop: the decode MLP chain at M = 1 then ran 120.5 us
+// against 116.3; loaded after the main loop, 118.0.
+template <bool UP, int MT, int NT> struct lane_scales {
+    float w[MT][kAcc], w8[UP ? MT : 1][kAcc], a[NT][kAcc];
+    __device__ __forceinline__ float of(int t, int j, int r, int, int) const { return a[j][r] * w[t][r]; }
+    __device__ __forceinline__ float up(int t, int j, int r, int, int) const { return a[j][r] * w8[t][r]; }
+};
+// The same factors, loaded where they are used (kernels whose accumulators' rows are known only at the end).
+template <class OT> struct scales_here {
+    const epilogue<OT>& p;
+    __device__ __forceinline__ float of(int, int, int, int m, int n) const {
+        return scale_at(p.scale_a, p.modes & 2, m) * scale_at(p.scale_w, p.modes & 1, n);
+    }
+    __device__ __forceinline__ float up(int, int, int, int m, int n) const {
+        return scale_at(p.scale_a, p.modes & 2, m) * scale_at(p.scale_w, p.modes & 1, n + 8);
+    }
+};
+template <class EP, int MT, int NT, class OT>
+__device__ __forceinline__ lane_scales<EP::kind == 2, MT, NT> load_scales(const epilogue<OT>& p, int row_base) {
+    lane_scales<EP::kind == 2, MT, NT> s;
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < kAcc; ++r) {
+            const int n = row_base + acc_wrow(t, r);
+            s.w[t][r] = scale_at(p.scale_w, p.modes & 1, n < p.N ? n : 0);
+            if constexpr (EP::kind == 2) s.w8[t][r] = scale_at(p.scale_w, p.modes & 1, n + 8 < p.N ? n + 8 : 0);
+        }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < kAcc; ++r) {
+            const int m = acc_arow(j, r);
+            s.a[j][r] = scale_at(p.scale_a, p.modes & 2, m < p.M ? m : 0);
+        }
+    return s;
+}
+
+// A warp's finished accumulators: tile t covers weight rows row_base + 16t .. +15 (row_base % 16 == 0), sc their
+// scales (load_scales).
+// Two passes: every load (the residual) is issued before the first store. `out` may be `residual`
+// itself, so interleaved, a load after a store could not start before it. (This did not close the residual
+// epilogue's gap on an H100: FP8 16384 x 6656 at M = 32 with the same config, 50.0 - 50.6 us against 45.5 for
+// the plain store; an L2 prefetch of the residual at the kernel's start did not either.)
+template <class EP, class OT, int MT, int NT, class S>
+__device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int row_base, const epilogue<OT>& p,
+                                          const S& sc) {
     float v[MT][NT][kAcc], up[EP::kind == 2 ? MT : 1][NT][kAcc];
 #pragma unroll
     for (int t = 0; t < MT; ++t)
@@ -302,10 +348,10 @@ __device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int 
                 if constexpr (EP::kind == 2) {
                     const float u = row_plus8(acc[t][j], r);        // every lane takes part (AMD shuffle)
                     const bool live = !(n & 8) && n < p.N && m < p.M && (n >> 4) * 8 + (n & 7) < p.ldo;
-                    v[t][j][r] = live ? p.scaled(acc[t][j][r], m, n) : 0.f;
-                    up[t][j][r] = live ? p.scaled(u, m, n + 8) : 0.f;
+                    v[t][j][r] = live ? acc[t][j][r] * sc.of(t, j, r, m, n) : 0.f;
+                    up[t][j][r] = live ? u * sc.up(t, j, r, m, n) : 0.f;
                 } else {
-                    v[t][j][r] = n < p.N && m < p.M ? p.template value<EP>(m, n, p.scaled(acc[t][j][r], m, n)) : 0.f;
+                    v[t][j][r] = n < p.N && m < p.M ? p.template value<EP>(m, n, acc[t][j][r] * sc.of(t, j, r, m, n)) : 0.f;
                 }
             }
 #pragma unroll
@@ -325,6 +371,10 @@ __device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int 
                     p.store(m, n, v[t][j][r]);
                 }
             }
+}
+template <class EP, class OT, int MT, int NT>
+__device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int row_base, const epilogue<OT>& p) {
+    write_acc<EP>(acc, row_base, p, scales_here<OT>{p});
 }
 
 }  // namespace skinny
@@ -390,6 +440,13 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
     }
     rocjit::grid_dependency_wait();
 #endif
+    // The epilogue's scales (and FP8 SwiGLU's out_scale) are loaded behind the last step's loads (see load_scales).
+    lane_scales<EP::kind == 2, MT, NT> sc;
+    epilogue<OT> ep;
+    auto load_epilogue = [&]() {
+        ep = make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);
+        sc = load_scales<EP, MT, NT>(ep, row0);
+    };
     // One step: UNROLL k-blocks of this warp, every load issued before any math (UNROLL * MT * 16 rows * 64
     // bytes of weights in flight, then the activations at the same k); k-blocks past the range load zeros.
     auto load_step = [&](int kb0, uint4 (&wv)[UNROLL][MT][kRowsPerLane], uint4 (&av)[UNROLL][NT]) {
@@ -432,13 +489,21 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
             math_step(wv1, av1);
             kb0 += kStep;
         }
+        load_epilogue();
     } else {
-        for (int kb0 = kb_begin + warp * UNROLL; kb0 < kb_end; kb0 += kStep) {
+        // The last step apart: its loads first, then the epilogue's, in flight together.
+        int kb0 = kb_begin + warp * UNROLL;
+        for (; kb0 + kStep < kb_end; kb0 += kStep) {
             uint4 wv[UNROLL][MT][kRowsPerLane];
             uint4 av[UNROLL][NT];
             load_step(kb0, wv, av);
             math_step(wv, av);
         }
+        uint4 wv[UNROLL][MT][kRowsPerLane];
+        uint4 av[UNROLL][NT];
+        load_step(kb0, wv, av);          // zeros for a warp with no k-blocks
+        load_epilogue();
+        math_step(wv, av);
     }
     // Only now may the next kernel's blocks take room on the SMs: in a grid of one wave, blocks waiting from
     // the start would sit beside this one's for its whole run.
@@ -474,7 +539,7 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
                 }
         return;
     }
-    write_acc<EP>(acc, row0, make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo));
+    write_acc<EP>(acc, row0, ep, sc);
 }
 
 // FP8 (e4m3 / e4m3fnuz) C[M, N] = A[M, K] W[N, K]^T with blockwise scales, 1 x 128 on A and 128 x 128 on W:
