@@ -489,7 +489,7 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
             math_step(wv1, av1);
             kb0 += kStep;
         }
-        load_epilogue();
+        if (!partial) load_epilogue();      // split-K: the reduce kernel applies them
     } else {
         // The last step apart: its loads first, then the epilogue's, in flight together.
         int kb0 = kb_begin + warp * UNROLL;
@@ -502,7 +502,7 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
         uint4 wv[UNROLL][MT][kRowsPerLane];
         uint4 av[UNROLL][NT];
         load_step(kb0, wv, av);          // zeros for a warp with no k-blocks
-        load_epilogue();
+        if (!partial) load_epilogue();
         math_step(wv, av);
     }
     // Only now may the next kernel's blocks take room on the SMs: in a grid of one wave, blocks waiting from
