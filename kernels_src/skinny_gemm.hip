@@ -302,9 +302,7 @@ template <class OT> struct scales_here {
     __device__ __forceinline__ float of(int, int, int, int m, int n) const {
         return scale_at(p.scale_a, p.modes & 2, m) * scale_at(p.scale_w, p.modes & 1, n);
     }
-    __device__ __forceinline__ float up(int, int, int, int m, int n) const {
-        return scale_at(p.scale_a, p.modes & 2, m) * scale_at(p.scale_w, p.modes & 1, n + 8);
-    }
+    __device__ __forceinline__ float up(int t, int j, int r, int m, int n) const { return of(t, j, r, m, n + 8); }
 };
 template <class EP, int MT, int NT, class OT>
 __device__ __forceinline__ lane_scales<EP::kind == 2, MT, NT> load_scales(const epilogue<OT>& p, int row_base) {
