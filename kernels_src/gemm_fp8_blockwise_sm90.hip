@@ -73,16 +73,17 @@ ROCJIT_INLINE void tile_of(int bid, int M, int N, int& m0, int& n0) {
     n0 = (bid % per_group) / rows_in_group * BN;
 }
 
-// acc += part * sa(row) * sb(col) for one m64n128 fragment (wgmma's accumulator layout): ra0 / ra1 the A scales
-// of this thread's two rows (8 apart); SB_ROWS: ssb at the first of this thread's columns' B scales (pairs 8
-// apart), else `bsc` is the one B scale of the 128 columns. promote() reads ra0 / ra1 at ssa[0] / ssa[8].
-template <bool SB_ROWS>
-ROCJIT_INLINE void promote_rows(float (&ac)[64], const float (&part)[64], float ra0, float ra1, const float* ssb,
+// acc += part * sa(row) * sb(col) for one m64nN fragment of R = N / 2 floats (wgmma's accumulator layout): ra0 /
+// ra1 the A scales of this thread's two rows (8 apart); SB_ROWS: ssb at the first of this thread's columns' B
+// scales (pairs 8 apart), else `bsc` is the one B scale of the fragment's columns. promote() reads ra0 / ra1 at
+// ssa[0] / ssa[8].
+template <bool SB_ROWS, int R = 64>
+ROCJIT_INLINE void promote_rows(float (&ac)[R], const float (&part)[R], float ra0, float ra1, const float* ssb,
                                 float bsc) {
     if constexpr (!SB_ROWS) {
         const float s0 = ra0 * bsc, s1 = ra1 * bsc;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < R / 4; ++j) {
             ac[4 * j + 0] = fmaf(part[4 * j + 0], s0, ac[4 * j + 0]);
             ac[4 * j + 1] = fmaf(part[4 * j + 1], s0, ac[4 * j + 1]);
             ac[4 * j + 2] = fmaf(part[4 * j + 2], s1, ac[4 * j + 2]);
@@ -90,7 +91,7 @@ ROCJIT_INLINE void promote_rows(float (&ac)[64], const float (&part)[64], float 
         }
     } else {
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < R / 4; ++j) {
             const float2 bs = *reinterpret_cast<const float2*>(ssb + 8 * j);
             ac[4 * j + 0] = fmaf(part[4 * j + 0], ra0 * bs.x, ac[4 * j + 0]);
             ac[4 * j + 1] = fmaf(part[4 * j + 1], ra0 * bs.y, ac[4 * j + 1]);
@@ -102,6 +103,28 @@ ROCJIT_INLINE void promote_rows(float (&ac)[64], const float (&part)[64], float 
 template <bool SB_ROWS>
 ROCJIT_INLINE void promote(float (&ac)[64], const float (&part)[64], const float* ssa, const float* ssb, float bsc) {
     promote_rows<SB_ROWS>(ac, part, ssa[0], ssa[8], ssb, bsc);
+}
+
+// The same for a fragment of 192 columns (a tile's column block wider than a 128 x 128 B-scale block): its
+// 8-column groups j < split take b0, the others b1 (the next scale block). split = the groups left in the first
+// block, (128 - n0 % 128) / 8: 16 or 8 (n0 a multiple of 64); each has its own unrolled copy, so no group selects
+// its scale at run time.
+template <int R, int SPLIT>
+ROCJIT_INLINE void promote_split(float (&ac)[R], const float (&part)[R], float ra0, float ra1, float b0, float b1) {
+    const float s00 = ra0 * b0, s01 = ra1 * b0, s10 = ra0 * b1, s11 = ra1 * b1;
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j) {
+        const float s0 = j < SPLIT ? s00 : s10, s1 = j < SPLIT ? s01 : s11;
+        ac[4 * j + 0] = fmaf(part[4 * j + 0], s0, ac[4 * j + 0]);
+        ac[4 * j + 1] = fmaf(part[4 * j + 1], s0, ac[4 * j + 1]);
+        ac[4 * j + 2] = fmaf(part[4 * j + 2], s1, ac[4 * j + 2]);
+        ac[4 * j + 3] = fmaf(part[4 * j + 3], s1, ac[4 * j + 3]);
+    }
+}
+ROCJIT_INLINE void promote_192(float (&ac)[96], const float (&part)[96], float ra0, float ra1, float b0, float b1,
+                               int split) {
+    if (split == 8) promote_split<96, 8>(ac, part, ra0, ra1, b0, b1);
+    else promote_split<96, 16>(ac, part, ra0, ra1, b0, b1);
 }
 
 // One m64n128 fp32 fragment into the tile `cs` (row stride LD floats) at row `row` (this thread's first) and
@@ -316,24 +339,26 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 #endif
 }
 
-// The same product fed by the Tensor Memory Accelerator (sm_90a): BM = 128 * SLABS rows x BN = 128 columns per tile,
-// 384 threads, persistent (block b takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the cluster takes pairs of tiles
-// side by side along N). Warp 0 is the copy warp: per K block it waits for the ring stage to be free, has the TMA unit
-// copy the A box (BM x 128 bytes) and the B box (128 x 128 bytes) into it, 128B-swizzled and zero-filled past M, N and
-// K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of BM / CLUSTER and 128 rows) and arrives
-// on the stage's `full` barrier, whose phase completes when the bytes have landed (SB_ROWS: with the stage's per-column
-// B scales, one bulk copy of their row of the K block, which the host lays out column-contiguous:
-// quantize_fp8_dual(transpose_col=True)'s layout, or a copy into it), and the stage's A scales, one bulk copy of the
-// tile's rows from M-major scales (quantize_fp8_dual's s_row layout, or a copy into it). The math warps read their
-// rows' A scales from the stage and the tile's B scales 32 K blocks per warp load. The copy warp runs on into the next
-// tile while the math warps store the last one. The copy warpgroup gives its registers to the two math warpgroups
-// (setmaxnreg), each of which owns SLABS m64 slabs of the tile: per K block and slab, 4 wgmma m64n128k32 into fresh
-// partials, then the promotion acc += partial * sa * sb. A math warpgroup releases a stage on its own (one arrival per
-// warp on `empty`), so the two never wait for each other and one's promotion overlaps the other's wgmmas. PIPE (one
-// slab): K block kb + 1's wgmmas are issued before kb's partials are promoted. CLUSTER 2: each block copies half of the
-// A tile into both blocks' rings (TMA multicast), so a stage is free only once both blocks' math warps released it
-// (they arrive on both `empty` barriers). The accumulators go straight from registers to C (pairs of elements; C^T with
-// TRANS_C).
+// The same product fed by the Tensor Memory Accelerator (sm_90a): BM = 128 * SLABS rows x BN columns per tile (BN 128;
+// or 192 with one slab), 384 threads, persistent (block b takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the
+// cluster takes pairs of tiles side by side along N). Warp 0 is the copy warp: per K block it waits for the ring stage
+// to be free, has the TMA unit copy the A box (BM x 128 bytes) and the B box (BN x 128 bytes) into it, 128B-swizzled
+// and zero-filled past M, N and K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of
+// BM / CLUSTER and BN rows) and arrives on the stage's `full` barrier, whose phase completes when the bytes have landed
+// (SB_ROWS: with the stage's per-column B scales, one bulk copy of their row of the K block, which the host lays out
+// column-contiguous: quantize_fp8_dual(transpose_col=True)'s layout, or a copy into it), and the stage's A scales, one
+// bulk copy of the tile's rows from M-major scales (quantize_fp8_dual's s_row layout, or a copy into it). The math
+// warps read their rows' A scales from the stage and the tile's B scales 32 K blocks per warp load (BN 192:
+// those of the two 128-column scale blocks the tile's columns fall in). The copy warp runs on into the next tile while
+// the math warps store the last one. The copy warpgroup gives its registers to the two math warpgroups (setmaxnreg),
+// each of which owns SLABS m64 slabs of the tile: per K block and slab, 4 wgmma m64nBNk32 into fresh partials, then
+// the promotion acc += partial * sa * sb. A math warpgroup releases a stage on its own (one arrival per warp on
+// `empty`), so the two never wait for each other and one's promotion overlaps the other's wgmmas. PIPE (one slab):
+// K block kb + 1's wgmmas are issued before kb's partials are promoted. CLUSTER 2: each block copies half of the A
+// tile into both blocks' rings (TMA multicast), so a stage is free only once both blocks' math warps released it
+// (they arrive on both `empty` barriers). The accumulators go straight from registers to C (pairs of elements; C^T
+// with TRANS_C). The 192-column tile is for shapes whose 128-column tiles leave the last wave of blocks short
+// (N = 2112: 17 column tiles of 128, 11 of 192).
 
 namespace gemm8_sm90 {
 
@@ -365,22 +390,23 @@ ROCJIT_INLINE void store_pair(OT* c, long long ldc, int r, int col, float v0, fl
     }
 }
 
-// One m64n128 fp32 fragment (wgmma's layout, see rocjit/wgmma.h) out to the rows r0, r0 + 8 of a 16-bit C at columns
-// col0 .. col0 + 127, in 16-byte stores. In the fragment the four lanes of a quad hold 4 bytes each of one 16-byte
+// One m64nN fp32 fragment (R = N / 2 floats, wgmma's layout, see rocjit/wgmma.h) out to the rows r0, r0 + 8 of a
+// 16-bit C at columns col0 .. col0 + N - 1, in 16-byte stores. In the fragment the four lanes of a quad hold 4 bytes each of one 16-byte
 // column group of a row; a 4 x 4 transpose inside the quad (two butterfly exchanges) gives each lane a whole group
 // (lane k: groups 4 g + k), so a warp stores 64 contiguous bytes per row per instruction instead of 16 (a quarter of
 // the store instructions; the stores were a sixth of the 4096^3 kernel's time on an H100). Rows past M and columns
 // past N are not written; a group that N cuts (or !VEC_OUT: rows not 16-byte aligned) is stored element by element.
-template <class OT, bool VEC_OUT>
-ROCJIT_INLINE void store_fragment16(OT* c, long long ldc, const float (&acc)[64], int r0, int col0, int M, int N,
+template <class OT, bool VEC_OUT, int R = 64>
+ROCJIT_INLINE void store_fragment16(OT* c, long long ldc, const float (&acc)[R], int r0, int col0, int M, int N,
                                     int lane) {
+    static_assert(R % 16 == 0, "whole quads of 8-column groups");
     static_assert(sizeof(OT) == 2, "16-bit outputs");
     const int k = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {               // the thread's two rows: r0 (acc 4 q, 4 q + 1), r0 + 8 (4 q + 2, 4 q + 3)
         const int r = r0 + 8 * h;
 #pragma unroll
-        for (int g = 0; g < 4; ++g) {
+        for (int g = 0; g < R / 16; ++g) {
             unsigned w[4];                      // w[i]: this lane's 2 columns of group 4 g + i
 #pragma unroll
             for (int i = 0; i < 4; ++i)
@@ -414,21 +440,26 @@ ROCJIT_INLINE void store_fragment16(OT* c, long long ldc, const float (&acc)[64]
     }
 }
 
-template <class OT, int SLABS, int STAGES, bool PIPE, int CLUSTER, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+template <class OT, int SLABS, int BN, int STAGES, bool PIPE, int CLUSTER, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT* __restrict__ c,
                             const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
                             long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
 #if ROCJIT_HAS_WGMMA
-    constexpr int BM = 128 * SLABS, BN = 128;
+    constexpr int BM = 128 * SLABS;
+    constexpr int kR = BN / 2;                  // accumulator floats per thread of one m64nBN fragment
     using L = layout<BM, BN, STAGES>;
     (void)sa_m;                                 // the A scales are M-major: sa_m == 1 (the host sees to it)
     // registers per thread after setmaxnreg (128 x copy + 256 x math <= 64K): two slabs, or two partial sets with
     // per-column B scales, need 232 in the math warps (224 spilled there)
-    constexpr bool kWide = SLABS == 2 || (PIPE && SB_ROWS);   // 2 slabs, or 2 partial sets + per-column B scales
+    // 2 slabs, 2 partial sets with per-column B scales, or one wider than 128 columns
+    constexpr bool kWide = SLABS == 2 || (PIPE && SB_ROWS) || BN > 128;
     constexpr int kCopyRegs = kWide ? 40 : 56, kMathRegs = kWide ? 232 : 224;
     static_assert(SLABS == 1 || SLABS == 2, "SLABS: m64 slabs per math warpgroup, 1 or 2");
     static_assert(!(PIPE && SLABS == 2), "two partial sets fit one slab per math warpgroup");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER: 1, or 2 blocks sharing the A tile");
+    // BN 192: one slab (partial and accumulator, 96 floats each), its columns on two B-scale blocks
+    static_assert(BN == 128 || (BN == 192 && SLABS == 1 && !PIPE && CLUSTER == 1),
+                  "BN 128, or 192 with one slab, no pipelined partials, no cluster");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     float* scales = reinterpret_cast<float*>(smem + L::kTiles);
@@ -507,11 +538,11 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         tma::claim_registers<kMathRegs>();
         const int cg = warp / 4 - 1;            // math warpgroup 0 or 1
         const int col_in_8 = 2 * (lane & 3);
-        float acc[SLABS][64], part[64], next[64];
+        float acc[SLABS][kR], part[kR], next[kR];
 #pragma unroll
-        for (int e = 0; e < 64; ++e) part[e] = next[e] = 0.0f;
+        for (int e = 0; e < kR; ++e) part[e] = next[e] = 0.0f;
         auto wait_full = [&](int i) { mbar_wait(&full[i % STAGES], (i / STAGES) & 1); };
-        auto issue = [&](float (&p)[64], int s, int slab) {     // slab's 4 k32 steps of stage s, fresh partials
+        auto issue = [&](float (&p)[kR], int s, int slab) {     // slab's 4 k32 steps of stage s, fresh partials
             const unsigned long long da = wgmma::desc_sw128(smem_u32(stage_a(s) + slab * 64 * kRow));
             const unsigned long long db = wgmma::desc_sw128(smem_u32(stage_b(s)));
             if constexpr (PIPE) {
@@ -523,27 +554,42 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             } else {
                 wgmma::fence_operands(p);
                 wgmma::fence();
-                wgmma::mma_m64n128k32(p, da, db, 0);
+                wgmma::mma_n<BN>::run(p, da, db, 0);
             }
 #pragma unroll
             for (int ks = 1; ks < kRow / wgmma::kStepK; ++ks)
-                wgmma::mma_m64n128k32(p, wgmma::desc_advance(da, ks * wgmma::kStepK),
+                wgmma::mma_n<BN>::run(p, wgmma::desc_advance(da, ks * wgmma::kStepK),
                                       wgmma::desc_advance(db, ks * wgmma::kStepK), 1);
             wgmma::commit();
         };
         // the tile's B scales 32 K blocks at a time, one per lane (lane l: K block 32 g + l), read with a shuffle:
         // a per-lane address keeps the compiler from moving the value into a uniform register right after its
-        // load (which waited out the load's latency every K block); the next group is loaded 16 blocks ahead
+        // load (which waited out the load's latency every K block); the next group is loaded 16 blocks ahead.
+        // BN > 128: the same for the next 128-column scale block, which the tile's last columns fall in.
+        constexpr bool kTwoB = !SB_ROWS && BN == 192;
         const float* tile_sb = sb;
-        float b_grp = 0.0f, b_next = 0.0f;
-        auto fetch_b = [&](int kb0) { return ld_scale(tile_sb + (long long)min(kb0 + lane, kblocks - 1) * sb_k); };
+        const float* tile_sb2 = sb;
+        float b_grp = 0.0f, b_next = 0.0f, b_grp2 = 0.0f, b_next2 = 0.0f;
+        int split = 16;                         // kTwoB: the tile's 8-column groups in its first scale block
+        auto fetch_b = [&](const float* t, int kb0) {
+            return ld_scale(t + (long long)min(kb0 + lane, kblocks - 1) * sb_k);
+        };
+        struct b_scales { float b0, b1; };
         auto b_at = [&](int kb) {
+            b_scales v{0.0f, 0.0f};
             if constexpr (!SB_ROWS) {
-                if ((kb & 31) == 16 && kb + 16 < kblocks) b_next = fetch_b(kb + 16);
-                if ((kb & 31) == 0 && kb > 0) b_grp = b_next;
-                return __shfl_sync(0xffffffffu, b_grp, kb & 31);
+                if ((kb & 31) == 16 && kb + 16 < kblocks) {
+                    b_next = fetch_b(tile_sb, kb + 16);
+                    if constexpr (kTwoB) b_next2 = fetch_b(tile_sb2, kb + 16);
+                }
+                if ((kb & 31) == 0 && kb > 0) {
+                    b_grp = b_next;
+                    if constexpr (kTwoB) b_grp2 = b_next2;
+                }
+                v.b0 = __shfl_sync(0xffffffffu, b_grp, kb & 31);
+                if constexpr (kTwoB) v.b1 = __shfl_sync(0xffffffffu, b_grp2, kb & 31);
             }
-            return 0.0f;
+            return v;
         };
         // the A scales of this thread's two rows of slab j, from stage s (they came with its copies): read from
         // shared memory, no global load is in flight when the next wgmma is issued (the math warps used to load
@@ -560,9 +606,13 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             }
             return v;
         };
-        auto promote_with = [&](float (&p)[64], int s, int j, const row_scales& sc, float bsc) {
+        auto promote_with = [&](float (&p)[kR], int s, int j, const row_scales& sc, b_scales bsc) {
             wgmma::fence_operands(p);
-            promote_rows<SB_ROWS>(acc[j], p, sc.r[j][0], sc.r[j][1], stage_sb(s) + col_in_8, bsc);
+            if constexpr (kTwoB) {
+                promote_192(acc[j], p, sc.r[j][0], sc.r[j][1], bsc.b0, bsc.b1, split);
+            } else {
+                promote_rows<SB_ROWS, kR>(acc[j], p, sc.r[j][0], sc.r[j][1], stage_sb(s) + col_in_8, bsc.b0);
+            }
         };
         auto release = [&](int s) {             // this warp's wgmmas and scale reads of stage s are done
             __syncwarp();
@@ -577,19 +627,25 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             int m0, n0;
             tile(u, m0, n0);
 #pragma unroll
-            for (int e = 0; e < 64; ++e) {
+            for (int e = 0; e < kR; ++e) {
 #pragma unroll
                 for (int j = 0; j < SLABS; ++j) acc[j][e] = 0.0f;
             }
             // (rows past M multiply zero-filled A rows by whatever scales their smem slots hold; never stored)
             if constexpr (!SB_ROWS) {
-                tile_sb = sb + (long long)(min(n0, N - 1) / 128) * sb_n;
-                b_grp = fetch_b(0);
+                const int nb = min(n0, N - 1) / 128;
+                tile_sb = sb + (long long)nb * sb_n;
+                b_grp = fetch_b(tile_sb, 0);
+                if constexpr (kTwoB) {          // (a block past N: the last one's scales, for columns never stored)
+                    tile_sb2 = sb + (long long)min(nb + 1, (N - 1) / 128) * sb_n;
+                    b_grp2 = fetch_b(tile_sb2, 0);
+                    split = (128 - (n0 & 127)) / 8;
+                }
             }
             if constexpr (!PIPE) {
                 for (int kb = 0; kb < kblocks; ++kb) {
                     const int s = it % STAGES;
-                    const float bsc = b_at(kb);
+                    const b_scales bsc = b_at(kb);
                     wait_full(it);
                     row_scales sc;
 #pragma unroll
@@ -606,9 +662,9 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                 // K block kb in flight in `cur`: issue kb + 1 into `nxt`, then promote kb. Every path through the
                 // loop keeps one group in flight at the loop head (the last K blocks are peeled), so ptxas can
                 // prove the promotion reads only finished accumulators and keeps the wgmmas asynchronous.
-                auto steady = [&](int kb, float (&cur)[64], float (&nxt)[64]) {
+                auto steady = [&](int kb, float (&cur)[kR], float (&nxt)[kR]) {
                     const int s = it % STAGES;
-                    const float bsc = b_at(kb);
+                    const b_scales bsc = b_at(kb);
                     wait_full(it + 1);
                     issue(nxt, (it + 1) % STAGES, cg);
                     const row_scales sc = scales_of(s);     // read while the wgmmas run
@@ -617,9 +673,9 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                     release(s);
                     ++it;
                 };
-                auto last = [&](int kb, float (&cur)[64]) {
+                auto last = [&](int kb, float (&cur)[kR]) {
                     const int s = it % STAGES;
-                    const float bsc = b_at(kb);
+                    const b_scales bsc = b_at(kb);
                     const row_scales sc = scales_of(s);
                     wgmma::wait<0>();
                     promote_with(cur, s, 0, sc, bsc);
@@ -644,10 +700,10 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             for (int j = 0; j < SLABS; ++j) {
                 const int r0 = m0 + (cg * SLABS + j) * 64 + (warp & 3) * 16 + (lane >> 2);
                 if constexpr (sizeof(OT) == 2 && !TRANS_C) {
-                    store_fragment16<OT, VEC_OUT>(c, ldc, acc[j], r0, n0, M, N, lane);
+                    store_fragment16<OT, VEC_OUT, kR>(c, ldc, acc[j], r0, n0, M, N, lane);
                 } else {
 #pragma unroll
-                    for (int q = 0; q < 16; ++q) {
+                    for (int q = 0; q < kR / 4; ++q) {
                         const int col = n0 + 8 * q + col_in_8;
                         store_pair<OT>(c, ldc, r0, col, acc[j][4 * q], acc[j][4 * q + 1], M, N, TRANS_C, VEC_OUT);
                         store_pair<OT>(c, ldc, r0 + 8, col, acc[j][4 * q + 2], acc[j][4 * q + 3], M, N, TRANS_C,
@@ -669,22 +725,22 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
 }  // namespace gemm8_sm90
 
 // One block per tile pass (launched with at most one block per multiprocessor).
-template <class OT, int SLABS, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+template <class OT, int SLABS, int BN, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 __launch_bounds__(384, 1) __global__ void gemm_fp8_blockwise_tma_kernel(
     ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
     const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K, long long ldc, long long sa_m,
     long long sa_k, long long sb_n, long long sb_k) {
-    gemm8_sm90::tma_gemm<OT, SLABS, STAGES, PIPE, 1, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, sa, sb, M, N, K, ldc,
+    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 1, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, sa, sb, M, N, K, ldc,
                                                                                sa_m, sa_k, sb_n, sb_k);
 }
 
 // The same in clusters of 2 blocks sharing each A tile (the grid a multiple of 2).
-template <class OT, int SLABS, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+template <class OT, int SLABS, int BN, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 __launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))) gemm_fp8_blockwise_tma2_kernel(
     ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
     const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K, long long ldc, long long sa_m,
     long long sa_k, long long sb_n, long long sb_k) {
-    gemm8_sm90::tma_gemm<OT, SLABS, STAGES, PIPE, 2, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, sa, sb, M, N, K, ldc,
+    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 2, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, sa, sb, M, N, K, ldc,
                                                                                sa_m, sa_k, sb_n, sb_k);
 }
 
@@ -696,13 +752,16 @@ __launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<float, 128, 128, 6, true, false, true, true, true>
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<float, 128, 256, 4, false, false, true, true, true>
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__half, 128, 256, 4, false, false, true, false, true>
-// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 2, 4, false, false, false, true>
-// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 2, 4, false, false, false, true>
-// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 2, 4, false, true, false, true>
-// rocjit:check gemm_fp8_blockwise_tma_kernel<float, 2, 4, false, true, true, true>
-// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, true, false, false, true>
-// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 1, 6, true, false, false, true>
-// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, false, false, false, true>
-// rocjit:check gemm_fp8_blockwise_tma2_kernel<float, 1, 6, false, true, true, true>
-// rocjit:check gemm_fp8_blockwise_tma_kernel<__half, 1, 6, false, true, false, false>
-// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, true, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 2, 128, 4, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 2, 128, 4, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 2, 128, 4, false, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<float, 2, 128, 4, false, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 128, 6, true, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma2_kernel<__hip_bfloat16, 1, 128, 6, true, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 128, 6, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma2_kernel<float, 1, 128, 6, false, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__half, 1, 128, 6, false, true, false, false>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 128, 6, true, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 192, 5, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<float, 1, 192, 5, false, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__half, 1, 192, 5, false, true, false, false>

@@ -94,6 +94,8 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     assert "kernel" not in G.default_config(1, 7168, 132, cands)
     tma = [c for c in cands if c.get("kernel") == "tma"]
     assert len(tma) == len(G._TMA_TILES) and all(G.threads(c, "sm_90a") == 384 for c in tma)
+    assert {c["bn"] for c in tma} == {128, 192}                       # the wider tiles are tuned, never defaults
+    assert all(G.default_config(M, N, 132, cands)["bn"] == 128 for M, N in ((4096, 2112), (1024, 7168), (128, 4096)))
     assert G.default_config(1024, 2112, 132, cands)["pipe"]                # pipelined partials where offered
     # without the TMA kernel: the cp.async-fed wgmma kernel, as before
     monkeypatch.setenv("ROCJIT_GEMM_FP8_TMA", "0")
@@ -130,8 +132,8 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
             assert f", {c['bm']}, {c['bn']}, {c['stages']}, {'true' if c['ws'] else 'false'}," in text, c
         elif c.get("kernel") == "tma":
             kname = "gemm_fp8_blockwise_tma2_kernel" if c["cluster"] == 2 else "gemm_fp8_blockwise_tma_kernel"
-            assert re.search(rf"{kname}<[^,]+, {c['bm'] // 128}, {c['stages']}, {'true' if c['pipe'] else 'false'},",
-                             text), c
+            assert re.search(rf"{kname}<[^,]+, {c['bm'] // 128}, {c['bn']}, {c['stages']}, "
+                             rf"{'true' if c['pipe'] else 'false'},", text), c
 
 
 def test_large_products_are_tuned_per_exact_shape():
@@ -187,10 +189,10 @@ def test_pipelined_tma_kernel_keeps_its_wgmmas_asynchronous():
         pytest.skip(f"NVRTC is not usable here: {e}")
     from rocjit.compiler import kernels_src_dir
     from rocjit.kernel import Module
-    names = [f"gemm_fp8_blockwise_{k}<__hip_bfloat16, {slabs}, {st}, {pipe}, false, false, true>"
-             for k, slabs, st, pipe in (("tma_kernel", 1, 6, "true"), ("tma2_kernel", 1, 6, "true"),
-                                        ("tma_kernel", 2, 4, "false"))]
-    names.append("gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 6, true, true, false, true>")   # per-row B scales
+    names = [f"gemm_fp8_blockwise_{k}<__hip_bfloat16, {slabs}, {bn}, {st}, {pipe}, false, false, true>"
+             for k, slabs, bn, st, pipe in (("tma_kernel", 1, 128, 6, "true"), ("tma2_kernel", 1, 128, 6, "true"),
+                                            ("tma_kernel", 2, 128, 4, "false"), ("tma_kernel", 1, 192, 5, "false"))]
+    names.append("gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 128, 6, true, true, false, true>")  # per-row B scales
     mod = Module(kernels_src_dir() / G.SRC_SM90, options=["--ptxas-options=-v"])
     log = mod.compile("sm_90a", name_expressions=names).log
     assert "Compiling entry function" in log            # the log is ptxas' verbose report
