@@ -293,6 +293,28 @@ def test_quantize_dual_and_weight(dtype, shape, fmt):
     check_fp8(q, a / np.repeat(np.repeat(f64(s), 128, 0), 128, 1)[:M, :K], fmt)
 
 
+# the dual quantizer on shapes of a few hundred 128 x 128 tiles with tails in both dimensions, both layouts of the
+# column blocks (transpose_col=True: the [K, M] copy and [K, ceil(M/128)] scale view FP8Linear's wgrad reads)
+@pytest.mark.parametrize("shape", [(2100, 2100), (4100, 1030)])
+@pytest.mark.parametrize("transpose_col", [False, True])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_quantize_dual_large_with_tails(shape, transpose_col, fmt):
+    M, K = shape
+    torch.manual_seed(M + K)
+    x = rand(shape, torch.bfloat16, 3.0)
+    a = f64(x)
+    m = C.fp8_max(fmt)
+    q_row, s_row, q_col, s_col = ops.quantize_fp8_dual(x, fp8_format=fmt, transpose_col=transpose_col)
+    if transpose_col:
+        assert q_col.shape == (K, M) and s_col.shape == (K, -(-M // 128))
+        q_col, s_col = q_col.t(), s_col.t()
+    sr, sc = blocks_ref(a, m, False), blocks_ref(a, m, True)
+    assert np.allclose(f64(s_row), sr, rtol=1e-6, atol=0)
+    assert np.allclose(f64(s_col), sc, rtol=1e-6, atol=0)
+    check_fp8(q_row, a / f64(s_row).repeat(128, axis=1)[:, :K], fmt)
+    check_fp8(q_col, a / f64(s_col).repeat(128, axis=0)[:M], fmt)
+
+
 def test_numpy_inputs_return_numpy():
     x = np.random.default_rng(0).standard_normal((5, 256)).astype(np.float16)
     w = np.ones(256, np.float16)
