@@ -391,11 +391,12 @@ ROCJIT_INLINE void store_pair(OT* c, long long ldc, int r, int col, float v0, fl
 }
 
 // One m64nN fp32 fragment (R = N / 2 floats, wgmma's layout, see rocjit/wgmma.h) out to the rows r0, r0 + 8 of a
-// 16-bit C at columns col0 .. col0 + N - 1, in 16-byte stores. In the fragment the four lanes of a quad hold 4 bytes each of one 16-byte
-// column group of a row; a 4 x 4 transpose inside the quad (two butterfly exchanges) gives each lane a whole group
-// (lane k: groups 4 g + k), so a warp stores 64 contiguous bytes per row per instruction instead of 16 (a quarter of
-// the store instructions; the stores were a sixth of the 4096^3 kernel's time on an H100). Rows past M and columns
-// past N are not written; a group that N cuts (or !VEC_OUT: rows not 16-byte aligned) is stored element by element.
+// 16-bit C at columns col0 .. col0 + N - 1, in 16-byte stores. In the fragment the four lanes of a quad hold 4 bytes
+// each of one 16-byte column group of a row; a 4 x 4 transpose inside the quad (two butterfly exchanges) gives each
+// lane a whole group (lane k: groups 4 g + k), so a warp stores 64 contiguous bytes per row per instruction instead
+// of 16 (a quarter of the store instructions; the stores were a sixth of the 4096^3 kernel's time on an H100). Rows
+// past M and columns past N are not written; a group that N cuts (or !VEC_OUT: rows not 16-byte aligned) is stored
+// element by element.
 template <class OT, bool VEC_OUT, int R = 64>
 ROCJIT_INLINE void store_fragment16(OT* c, long long ldc, const float (&acc)[R], int r0, int col0, int M, int N,
                                     int lane) {

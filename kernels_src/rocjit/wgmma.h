@@ -263,13 +263,19 @@ ROCJIT_INLINE void fence_operand(unsigned& r) {
 // m64nNk32 by its N (d: N / 2 floats per thread)
 template <int N> struct mma_n;
 template <> struct mma_n<64> {
-    static ROCJIT_INLINE void run(float (&d)[32], unsigned long long a, unsigned long long b, int acc) { mma_m64n64k32(d, a, b, acc); }
+    static ROCJIT_INLINE void run(float (&d)[32], unsigned long long a, unsigned long long b, int acc) {
+        mma_m64n64k32(d, a, b, acc);
+    }
 };
 template <> struct mma_n<128> {
-    static ROCJIT_INLINE void run(float (&d)[64], unsigned long long a, unsigned long long b, int acc) { mma_m64n128k32(d, a, b, acc); }
+    static ROCJIT_INLINE void run(float (&d)[64], unsigned long long a, unsigned long long b, int acc) {
+        mma_m64n128k32(d, a, b, acc);
+    }
 };
 template <> struct mma_n<192> {
-    static ROCJIT_INLINE void run(float (&d)[96], unsigned long long a, unsigned long long b, int acc) { mma_m64n192k32(d, a, b, acc); }
+    static ROCJIT_INLINE void run(float (&d)[96], unsigned long long a, unsigned long long b, int acc) {
+        mma_m64n192k32(d, a, b, acc);
+    }
 };
 
 // Named barrier ID over THREADS threads (a multiple of 32): the warps that execute it wait for each other.
