@@ -94,8 +94,12 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     assert "kernel" not in G.default_config(1, 7168, 132, cands)
     tma = [c for c in cands if c.get("kernel") == "tma"]
     assert len(tma) == len(G._TMA_TILES) and all(G.threads(c, "sm_90a") == 384 for c in tma)
-    assert {c["bn"] for c in tma} == {128, 192}                       # the wider tiles are tuned, never defaults
-    assert all(G.default_config(M, N, 132, cands)["bn"] == 128 for M, N in ((4096, 2112), (1024, 7168), (128, 4096)))
+    assert {c["bn"] for c in tma} == {128, 192}
+    # the 128 x 192 tile where its last wave is much fuller (4096 x 2112: 3 rounds of 352 tiles against 3 rounds of
+    # 272 twice as large), 256 x 128 where the rounds are even or 256 x 128 fills the GPU as well
+    assert G.default_config(4096, 2112, 132, cands)["bn"] == 192
+    for M, N in ((4096, 4096), (8192, 8192), (4096, 7168), (4096, 24576), (1024, 7168), (128, 4096)):
+        assert G.default_config(M, N, 132, cands)["bn"] == 128, (M, N)
     assert G.default_config(1024, 2112, 132, cands)["pipe"]                # pipelined partials where offered
     # without the TMA kernel: the cp.async-fed wgmma kernel, as before
     monkeypatch.setenv("ROCJIT_GEMM_FP8_TMA", "0")

@@ -127,11 +127,18 @@ def candidates(target: str, smem_limit: int, sm90: bool | None = None) -> list[d
     return out
 
 
+# The 128 x 192 TMA tile's throughput per tile relative to 256 x 128's, once both are normalized for how full
+# their last wave is (H100, one run: 0.91 - 1.03 over six shapes): the default takes it where its fuller last wave
+# outweighs that
+WIDE_TILE_EFFICIENCY = 0.95
+
+
 def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
     """Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
     sm_90a above 64 rows: the TMA kernel without clusters (measured no faster on an H100 at most shapes of
-    `bench gemm_fp8`) with 256 x 128 tiles when that gives every multiprocessor one, else 128 x 128 with pipelined
-    partials (faster than without at 5 of 6 shapes measured);
+    `bench gemm_fp8`) with 256 x 128 tiles when that gives every multiprocessor one -- or 128 x 192 where its rounds
+    of tiles take less time (rounds x tile area / WIDE_TILE_EFFICIENCY: 4096 x 2112, 1002 against 756 TFLOP/s on an
+    H100) -- else 128 x 128 with pipelined partials (faster than without at 5 of 6 shapes measured);
     with the TMA kernel turned off, the wgmma kernel's largest such tile (128 x 256, then 128 x 128), else 64 x 128."""
     tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
     by_bm = {}                                     # per tile height: pipelined partials where a candidate has them
@@ -139,9 +146,16 @@ def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
         if c.get("kernel") == "tma" and c["cluster"] == 1 and c["bn"] == 128 and (c["bm"] not in by_bm or c["pipe"]):
             by_bm[c["bm"]] = c
     tma = [by_bm[bm] for bm in sorted(by_bm, reverse=True)]
+    wide = next((c for c in cands if c.get("kernel") == "tma" and c["bn"] == 192), None)
+
+    def rounds_time(c, efficiency=1.0):
+        return C.ceil_div(tiles(c["bm"], c["bn"]), sms) * c["bm"] * c["bn"] / efficiency
     if tma and M > 64:
         for c in tma:                              # the largest tile that gives every multiprocessor one
             if tiles(c["bm"], c["bn"]) >= sms or c is tma[-1]:
+                if c["bm"] == 256 and wide is not None and \
+                        rounds_time(wide, WIDE_TILE_EFFICIENCY) < rounds_time(c):
+                    return wide
                 return c
     wg = [c for c in cands if c.get("kernel") == "sm90"]
     if wg and M > 64:
