@@ -397,7 +397,7 @@ ROCJIT_INLINE void store_pair(OT* c, long long ldc, int r, int col, float v0, fl
 // of 16 (a quarter of the store instructions; the stores were a sixth of the 4096^3 kernel's time on an H100). Rows
 // past M and columns past N are not written; a group that N cuts (or !VEC_OUT: rows not 16-byte aligned) is stored
 // element by element.
-template <class OT, bool VEC_OUT, int R = 64>
+template <class OT, bool VEC_OUT, int R>
 ROCJIT_INLINE void store_fragment16(OT* c, long long ldc, const float (&acc)[R], int r0, int col0, int M, int N,
                                     int lane) {
     static_assert(R % 16 == 0, "whole quads of 8-column groups");
@@ -566,7 +566,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         // the tile's B scales 32 K blocks at a time, one per lane (lane l: K block 32 g + l), read with a shuffle:
         // a per-lane address keeps the compiler from moving the value into a uniform register right after its
         // load (which waited out the load's latency every K block); the next group is loaded 16 blocks ahead.
-        // BN > 128: the same for the next 128-column scale block, which the tile's last columns fall in.
+        // BN 192: the same for the next 128-column scale block, which the tile's last columns fall in.
         constexpr bool kTwoB = !SB_ROWS && BN == 192;
         const float* tile_sb = sb;
         const float* tile_sb2 = sb;

@@ -149,27 +149,20 @@ ROCJIT_INLINE void mma_m64n128k32_fresh(float (&d)[64], unsigned long long desc_
 #define ROCJIT_WGMMA_D96_REGS ROCJIT_WGMMA_D64_REGS "," \
     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+ROCJIT_INLINE void mma_m64n192k32(float (&d)[96], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
 #if ROCJIT_HAS_WGMMA
-#define ROCJIT_WGMMA_WIDE(N, R, REGS, A, B, P, ...)                                                              \
-    ROCJIT_INLINE void mma_m64n##N##k32(float (&d)[R], unsigned long long desc_a, unsigned long long desc_b,     \
-                                        int accumulate) {                                                        \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                            \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" REGS "}, %" #A ", %" #B        \
-                     ", p, 1, 1;\n}\n"                                                                           \
-                     : __VA_ARGS__ : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                 \
-    }
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {" ROCJIT_WGMMA_D96_REGS "}, %96, %97, p, 1, 1;\n}\n"
+        : ROCJIT_WGMMA_D64("+f", d), ROCJIT_WGMMA_D8("+f", d, 64), ROCJIT_WGMMA_D8("+f", d, 72),
+          ROCJIT_WGMMA_D8("+f", d, 80), ROCJIT_WGMMA_D8("+f", d, 88)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
-#define ROCJIT_WGMMA_WIDE(N, R, REGS, A, B, P, ...)                                                              \
-    ROCJIT_INLINE void mma_m64n##N##k32(float (&d)[R], unsigned long long desc_a, unsigned long long desc_b,     \
-                                        int accumulate) {                                                        \
-        (void)d; (void)desc_a; (void)desc_b; (void)accumulate;                                                   \
-        unsupported_on_target();                                                                                 \
-    }
+    (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
+    unsupported_on_target();
 #endif
-ROCJIT_WGMMA_WIDE(192, 96, ROCJIT_WGMMA_D96_REGS, 96, 97, 98, ROCJIT_WGMMA_D64("+f", d),
-                  ROCJIT_WGMMA_D8("+f", d, 64), ROCJIT_WGMMA_D8("+f", d, 72), ROCJIT_WGMMA_D8("+f", d, 80),
-                  ROCJIT_WGMMA_D8("+f", d, 88))
-#undef ROCJIT_WGMMA_WIDE
+}
 #undef ROCJIT_WGMMA_D96_REGS
 #undef ROCJIT_WGMMA_D64
 #undef ROCJIT_WGMMA_D8
