@@ -107,10 +107,13 @@ def test_every_tile_config_with_tails():
 
 # the wgmma kernels (sm_90a; cp.async-fed and TMA-fed): M / N tails, K tails (K % 128 != 0; K % 16 != 0 through
 # the padded copy), more K blocks than ring stages, per-row B scales (wgrad), the transposed store, fp32 / bf16 /
-# fp16 out, more tiles than multiprocessors (the TMA kernel's persistent blocks walk several), every config
+# fp16 out, more tiles than multiprocessors (the TMA kernel's persistent blocks walk several), more than 32 K blocks
+# (the TMA kernel reads B scales in groups of 32: a second group, partial, with a K tail; one of a single block),
+# every config
 SM90_CASES = [(200, 136, 384, False, False), (77, 300, 208, True, False), (257, 264, 1024, False, True),
               (130, 520, 200, True, True), (384, 256, 2048, False, False),
-              (2100, 2100, 384, False, False), (2100, 1900, 256, True, True)]   # more tiles than multiprocessors
+              (2100, 2100, 384, False, False), (2100, 1900, 256, True, True),   # more tiles than multiprocessors
+              (300, 200, 4800, False, False), (136, 264, 4224, True, True)]      # 38 and 33 K blocks
 
 
 @pytest.mark.parametrize("od", [torch.bfloat16, torch.float32, torch.float16])
