@@ -6,9 +6,9 @@
 // one per row of B (sb[n * sb_n + kb * sb_k]). Same arguments, scale strides and output contract as
 // gemm_fp8_blockwise_kernel (TRANS_C writes C^T [N, M]; VEC_OUT allows 16-byte stores).
 //
-// A block owns a BM x BN tile (BM = 64 per consumer warpgroup, BN 128 or 256: m64n128k32 per 128 columns). Each K block of 128 arrives in a
-// STAGES-deep shared-memory ring as 128-byte rows in the 128B-swizzled layout wgmma's descriptors read
-// (rocjit/wgmma.h), written by 16-byte cp.async copies that zero-fill rows past M / N and k past K.
+// A block owns a BM x BN tile (BM = 64 per consumer warpgroup, BN 128 or 256: m64n128k32 per 128 columns). Each
+// K block of 128 arrives in a STAGES-deep shared-memory ring as 128-byte rows in the 128B-swizzled layout wgmma's
+// descriptors read (rocjit/wgmma.h), written by 16-byte cp.async copies that zero-fill rows past M / N and k past K.
 // Per K block a consumer warpgroup runs 4 wgmma k32 steps into fresh fp32 partials, waits, and promotes
 // them: acc += partial * sa[row] * sb[col] (the DeepSeek-V3 recipe: scales applied per K block in fp32).
 // - WS false: every warp copies and multiplies; one __syncthreads per K block publishes a stage and frees the
@@ -441,15 +441,6 @@ ROCJIT_INLINE void store_fragment16(OT* c, long long ldc, const float (&acc)[R],
     }
 }
 
-// wgmma::desc_sw128 as two 32-bit words: the low one from a shared address / 16 (start address, bits 0 - 13, and
-// the leading byte offset 1), the high one constant (stride byte offset 1024, 128B swizzle). A shared window of at
-// most 256 KB keeps the start address within its 14 bits, so adding k steps to the low word never carries.
-constexpr unsigned kSw128High = (1024 >> 4) | (1u << 30);
-ROCJIT_INLINE unsigned sw128_word(unsigned addr16) { return addr16 | (1u << 16); }
-ROCJIT_INLINE unsigned long long sw128_desc(unsigned word) {
-    return ((unsigned long long)kSw128High << 32) | word;
-}
-
 template <class OT, int SLABS, int BN, int STAGES, bool PIPE, int CLUSTER, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT* __restrict__ c,
                             const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
@@ -556,15 +547,16 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
 #pragma unroll
         for (int e = 0; e < kR; ++e) part[e] = next[e] = 0.0f;
         auto wait_full = [&](int i) { mbar_wait(&full[i % STAGES], (i / STAGES) & 1); };
-        // The descriptors are built from their low 32-bit words (sw128_word): each k step adds to a stage's word
-        // in 32 bits, where 64-bit descriptor arithmetic cost an add with carry and two register moves per step
-        // (256 x 128 tile at 4096 x 7168 x 16384: 994 -> 1113 TFLOP/s, H100, one run). The path from one slab's
-        // wait to the next slab's wgmma is what limits this kernel: each instruction taken out of it counts.
+        // The descriptors are built from their low 32-bit words (wgmma::desc_sw128_word): each k step adds to a
+        // stage's word in 32 bits, where 64-bit descriptor arithmetic cost an add with carry and two register moves
+        // per step (256 x 128 tile at 4096 x 7168 x 16384: 994 -> 1113 TFLOP/s, H100, one run). The path from one
+        // slab's wait to the next slab's wgmma is what limits this kernel: each instruction taken out of it counts.
         const unsigned smem16 = smem_u32(smem) >> 4;
         auto issue = [&](float (&p)[kR], int s, int slab) {     // slab's 4 k32 steps of stage s, fresh partials
-            const unsigned wa = sw128_word(smem16 + (unsigned)(s * (L::kTileBytes >> 4) + (slab * 64 * kRow >> 4)));
+            const unsigned wa =
+                wgmma::desc_sw128_word(smem16 + (unsigned)(s * (L::kTileBytes >> 4) + (slab * 64 * kRow >> 4)));
             const unsigned wb = wa - (unsigned)(slab * 64 * kRow >> 4) + (unsigned)(BM * kRow >> 4);
-            const unsigned long long da = sw128_desc(wa), db = sw128_desc(wb);
+            const unsigned long long da = wgmma::desc_of_word(wa), db = wgmma::desc_of_word(wb);
             if constexpr (PIPE) {
                 // the two partial sets alternate with one in flight: a write-only first step makes each issue a
                 // new value, so the compiler never copies a set a wgmma still owns (ptxas would answer such a
@@ -578,8 +570,8 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             }
 #pragma unroll
             for (int ks = 1; ks < kRow / wgmma::kStepK; ++ks)
-                wgmma::mma_n<BN>::run(p, sw128_desc(wa + ks * (wgmma::kStepK >> 4)),
-                                      sw128_desc(wb + ks * (wgmma::kStepK >> 4)), 1);
+                wgmma::mma_n<BN>::run(p, wgmma::desc_of_word(wa + ks * (wgmma::kStepK >> 4)),
+                                      wgmma::desc_of_word(wb + ks * (wgmma::kStepK >> 4)), 1);
             wgmma::commit();
         };
         // the tile's B scales 32 K blocks at a time, one per lane (lane l: K block 32 g + l), read with a shuffle:

@@ -74,23 +74,13 @@ template <> __device__ __forceinline__ void store_out<__hip_bfloat16>(__hip_bflo
 }
 
 // Activations and their scales come from the kernel ahead, which may still be running when this one starts
-// (programmatic dependent launch): they are read with rocjit/stream.h's coherent loads (load16_dep, load_dep), never
-// the read-only path (tests/test_skinny_weight_stream_cpu.py checks more skinny builds than the all-sources test).
-// Weights and their scales never change during a launch and keep the read-only path.
+// (programmatic dependent launch): they are read with rocjit/stream.h's coherent loads (load16_dep, load_dep,
+// load_dep_l1), never the read-only path (tests/test_skinny_weight_stream_cpu.py checks more skinny builds than the
+// all-sources test). Weights and their scales never change during a launch and keep the read-only path.
 // scale_modes bit 0: scale_w holds one scale per output column n (else one per tensor);
 // bit 1: scale_a holds one scale per activation row m (dynamic per-token FP8), else one per tensor.
 __device__ __forceinline__ float scale_at(const float* s, int per_index, int i) {
     return s ? rocjit::load_dep(s + (per_index ? i : 0)) : 1.f;
-}
-// The blockwise kernel's per-step activation scales, read after the wait with the activations' own load (coherent,
-// cached in L1 like load16_dep's ld.global): load_dep's L2-only load compiles to a strong GPU-scope load, one L2
-// round trip per K block in the main loop (H100, 7168 x 16384, M = 8, best configs: 47.1 against 42.9 us).
-__device__ __forceinline__ float load_step_scale(const float* p) {
-#if ROCJIT_NVIDIA
-    return __ldca(p);
-#else
-    return *p;
-#endif
 }
 // Weights are read once: no L1 line, and (SKINNY_W_HINT, see rocjit/stream.h) an L2 prefetch size / policy.
 __device__ __forceinline__ uint4 load16_stream(const void* p) { return rocjit::load16_once<SKINNY_W_HINT>(p); }
@@ -620,7 +610,7 @@ skinny_gemm_blockwise_kernel(const unsigned char* __restrict__ a, const unsigned
 #pragma unroll
                 for (int r = 0; r < kAcc; ++r) {
                     const int m = acc_arow(j, r);
-                    bsa[p][j][r] = live && m < M ? load_step_scale(sa + (size_t)m * sa_m + (size_t)kbl * sa_k) : 0.f;
+                    bsa[p][j][r] = live && m < M ? rocjit::load_dep_l1(sa + (size_t)m * sa_m + (size_t)kbl * sa_k) : 0.f;
                 }
         }
         uint4 wv[UNROLL][MT][kRowsPerLane];

@@ -38,14 +38,19 @@ constexpr int kGroupThreads = 128;   // one warpgroup
 constexpr int kStepK = 32;           // k per instruction (bytes of an e4m3 row)
 constexpr int kSwizzleAlign = 1024;  // a 128B-swizzled tile starts at a multiple of this shared address
 
-// Descriptor of a K-major e4m3 tile of 128-byte rows, 128B swizzle, at shared address `addr` (a 32-bit
-// shared-window address; the tile's 8-row groups 1024 bytes apart).
+// Descriptor of a K-major e4m3 tile of 128-byte rows, 128B swizzle, as two 32-bit words. The low word: the start
+// address / 16 (bits 0-13) and the leading byte offset 1 (bit 16; unused: K in one row). The high word, the same for
+// every such tile: stride byte offset 1024 >> 4 (8 rows x 128 B) and swizzle mode 1 (128B, bit 62). A shared window
+// of at most 256 KB keeps the start address within its 14 bits, so k steps added to the low word never carry: a
+// loop may step the word in 32 bits (desc_sw128_word) and form the descriptor at the instruction (desc_of_word).
+constexpr unsigned kSw128High = (1024 >> 4) | (1u << 30);
+ROCJIT_INLINE unsigned desc_sw128_word(unsigned addr16) { return addr16 | (1u << 16); }
+ROCJIT_INLINE unsigned long long desc_of_word(unsigned word) {
+    return ((unsigned long long)kSw128High << 32) | word;
+}
+// The descriptor of the tile at shared address `addr` (a 32-bit shared-window address; 8-row groups 1024 bytes apart).
 ROCJIT_INLINE unsigned long long desc_sw128(unsigned addr) {
-    unsigned long long d = (unsigned long long)((addr & 0x3FFFF) >> 4);     // bits 0-13: start address / 16
-    d |= (unsigned long long)1 << 16;                                      // leading byte offset (unused: K in one row)
-    d |= (unsigned long long)(1024 >> 4) << 32;                            // stride byte offset: 8 rows x 128 B
-    d |= (unsigned long long)1 << 62;                                      // swizzle mode 1: 128B
-    return d;
+    return desc_of_word(desc_sw128_word((addr & 0x3FFFF) >> 4));
 }
 // The same descriptor `bytes` further (a multiple of 16): start address field only.
 ROCJIT_INLINE unsigned long long desc_advance(unsigned long long d, int bytes) { return d + (unsigned)(bytes >> 4); }
