@@ -148,6 +148,34 @@ def test_large_products_are_tuned_per_exact_shape():
     assert gemm_fp8.tune_bucket(16, 4096, 7168) == tune.bucket(m=16, n=4096, k=7168) == "m16_n4096_k8192"
 
 
+def test_small_products_are_tuned_on_graph_replays(monkeypatch):
+    """Below 2^34 FLOP the kernels run for microseconds: events around single calls timed the host's launch path
+    (H200 at M = 128: the op picked a 25 us tile where a 12 us one exists), so those sizes are timed as CUDA-graph
+    replays over rotated copies of b; larger ones with events. Winners timed the old way are tuned again (the timing
+    method is part of src_hash)."""
+    from rocjit import tune
+    from rocjit.ops import _gemm
+    used = []
+    monkeypatch.setattr(_gemm, "_device", lambda dev: ("sm_90a", "fake GPU", 132))
+    monkeypatch.setattr(G, "_smem_limit", lambda dev: 227 * 1024)
+    monkeypatch.setattr(G, "_launch", lambda *a, **k: None)
+    monkeypatch.setattr(tune, "rotation_copies", lambda t: [t, t])
+    monkeypatch.setattr(tune, "time_graph", lambda fns, **k: used.append(("graph", len(fns))) or 1.0)
+    monkeypatch.setattr(tune, "time_gpu", lambda fn, **k: used.append(("events", 1)) or 1.0)
+    monkeypatch.setattr(tune, "pick", lambda *a, bench, candidates, **k: bench(candidates[0]) and candidates[0])
+    c, u8 = torch.empty(1, 1, dtype=torch.bfloat16), torch.empty(1, 1, dtype=torch.uint8)
+    for (M, N, K), want in (((128, 7168, 2048), ("graph", 2)), ((64, 24576, 1536), ("graph", 2)),
+                            ((4096, 4096, 4096), ("events", 1))):
+        used.clear()
+        G._config_for(c, u8, torch.empty(N, K, dtype=torch.uint8), None, None, M, N, K, False, False, "sm_90a", 0)
+        assert used == [want], (M, N, K, used)
+    before = G.src_hash()
+    G.src_hash.cache_clear()
+    monkeypatch.setattr(G, "TUNE_TIMING", G.TUNE_TIMING + " (changed)")
+    assert G.src_hash() != before
+    G.src_hash.cache_clear()
+
+
 def test_split_k_configs_count_their_reduce_launch():
     from rocjit.ops import _gemm as G
     assert G.launches({"path": "mma", "splits": 1}) == 1 and G.launches({"path": "stream"}) == 1

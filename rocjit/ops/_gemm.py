@@ -189,7 +189,11 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 # beyond L2) it ran 13312 x 16384 at M = 32 in 86 us against 88.5 for the best mma.sync config (cuBLASLt 81.7), but
 # lost everywhere else: 82.5-87 us against 73.6 at M = 1, 22-27 us against 15 at 2304 x 16384. TMA streams these
 # weights at 2.5-2.65 TB/s where the lanes' own 16-byte loads reach 2.75-3.0 (ncu: 76% against 82% of DRAM peak):
-# a 128B-swizzled box reads 128 bytes of each row per copy, the loads 512 contiguous bytes per row.
+# a 128B-swizzled box reads 128 bytes of each row per copy, the loads 512 contiguous bytes per row. Not the box: the
+# same kernel with the copy warpgroup's lanes moving the weights by cp.async (512 contiguous bytes of a row per warp
+# instruction, into the same swizzled ring, every L2 hint of the lanes' loads) was no faster on an H200 (FP8, one
+# run, best of 5 tiles: 13312 x 16384 at M = 1 62.8 us against 55.7 for the mma.sync kernel, at M = 32 84.5
+# against 73.8; 16384 x 6656 38 against 28.6 at M = 1). ncu: L2 throughput 72 - 82% at 55 - 73% of DRAM peak.
 _TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
 _TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
 TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip

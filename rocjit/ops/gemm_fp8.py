@@ -341,9 +341,13 @@ def _k_block_rows(s, R, K):
 
 @functools.lru_cache(maxsize=1)
 def src_hash() -> str:
-    """What the tuned configs were measured on: the blockwise sources, the skinny source (the decode kernel) and
-    every header they include."""
-    return tune.source_hash(*tune.kernel_sources(SRC, SRC_SM90, G.SRC))
+    """What the tuned configs were measured on: the blockwise sources, the skinny source (the decode kernel), every
+    header they include, and how the tuner times them (TUNE_TIMING: winners timed otherwise are tuned again)."""
+    return tune.source_hash(*tune.kernel_sources(SRC, SRC_SM90, G.SRC), TUNE_TIMING)
+
+
+# How _config_for's tuner times candidates; part of src_hash
+TUNE_TIMING = "graph replays over rotated copies of b below 2^34 FLOP, events above"
 
 
 @functools.lru_cache(maxsize=None)
@@ -406,12 +410,15 @@ def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     default = decode_default(M, N, b_km.shape[1], sms, decode) if decode else default_config(M, N, sms, cands)
 
     copies = []
+    small = bool(decode) or 2 * M * N * K < EXACT_TUNE_FLOP
 
     def bench(cfg):
-        if decode:
-            # decode sizes: kernels of a few microseconds, timed as skinny_gemm's tuner times them (CUDA-graph
-            # replays over copies of b rotated beyond L2). Events around single calls timed the host's launch path
-            # instead (H100, 4096 x 7168 at M = 32: the tuned call ran 27.4 us where the best config runs 17.4)
+        if small:
+            # kernels of a few microseconds (decode, and every bucketed size), timed as skinny_gemm's tuner times
+            # them (CUDA-graph replays over copies of b rotated beyond L2). Events around single calls timed the
+            # host's launch path instead (H100, 4096 x 7168 at M = 32: the tuned call ran 27.4 us where the best
+            # config runs 17.4; H200 at M = 128: 24576 x 1536 25.2 us where a 128 x 192 tile runs 12.3, 7168 x 2048
+            # 16.5 where 128 x 128 runs 8.9)
             if not copies:
                 copies.extend(tune.rotation_copies(b_km))
             return tune.time_graph([functools.partial(_launch, cfg, c, a_km, bc, sa, sb, M, N, K, sb_rows, trans_c)
