@@ -14,7 +14,9 @@ Where no tuned entry exists yet:
   other kernels it is an ordinary shipped default (tuned over). tests/test_tune.py fails when a shipped pin's
   sources changed, so that it is measured again;
 - ``ROCJIT_AUTOTUNE=0`` -> the shipped default (``tune_defaults.json`` in the package, tuned on an
-  H100) for this (op, bucket, dtype, device), else the op's built-in default; nothing is benchmarked;
+  H100 and an H200) for this (op, bucket, dtype, device) -- the key's own bucket, else the coarser `default_bucket`
+  an op passes (shapes tuned exactly find the defaults of their power-of-two bucket) -- else the op's built-in
+  default; nothing is benchmarked;
 - inside CUDA/HIP graph capture -> the same defaults (benchmarking would launch work into the graph);
 - otherwise every candidate is timed (a tqdm bar shows progress) and the fastest is persisted.
 
@@ -67,6 +69,15 @@ def pow2_bucket(n: int) -> int:
 def bucket(**dims: int) -> str:
     """'m8_n16384_k8192' from m=5, n=13312, k=6656 (each dimension rounded up to a power of two)."""
     return "_".join(f"{k}{pow2_bucket(v)}" for k, v in dims.items())
+
+
+def weight_bucket(**dims: int) -> str:
+    """'m8_n13312_k6656' from m=5, n=13312, k=6656: the first dimension (activation rows) rounded up to a power of
+    two, the others (a weight matrix's) exact. The decode GEMMs and GEMV tune per weight shape: shapes sharing a
+    power-of-two bucket can want different configs (H200, bf16 2304 x 16384 at M = 1 ran 26.9 us on the winner
+    tuned for 4096 x 14336, 20.7 on its own)."""
+    (k0, v0), *rest = dims.items()
+    return "_".join([f"{k0}{pow2_bucket(v0)}"] + [f"{k}{int(v)}" for k, v in rest])
 
 
 def source_hash(*paths_or_texts) -> str:
@@ -242,9 +253,21 @@ def _shipped_config(op: str, bucket_: str, dtype: str, device: str, candidates: 
     return dict(cfg) if _valid(cfg, candidates) else None
 
 
-def default_config(op: str, bucket_: str, dtype: str, device: str, candidates: Sequence[dict], default: dict) -> dict:
-    """Shipped default for this key when it is one of today's candidates, else the built-in one."""
-    cfg = _shipped_config(op, bucket_, dtype, device, candidates)
+def _shipped_either(op: str, buckets: Sequence[str], dtype: str, device: str, candidates: Sequence[dict], *,
+                    pinned_src: str | None = None) -> dict | None:
+    """_shipped_config of the first of `buckets` (the tuning key's own, then a coarser one) that has one."""
+    for b in dict.fromkeys(x for x in buckets if x):
+        cfg = _shipped_config(op, b, dtype, device, candidates, pinned_src=pinned_src)
+        if cfg is not None:
+            return cfg
+    return None
+
+
+def default_config(op: str, bucket_: str, dtype: str, device: str, candidates: Sequence[dict], default: dict, *,
+                   default_bucket: str | None = None) -> dict:
+    """Shipped default for this key (`bucket_`, else `default_bucket`) when it is one of today's candidates, else the
+    built-in one."""
+    cfg = _shipped_either(op, (bucket_, default_bucket), dtype, device, candidates)
     return cfg if cfg is not None else dict(default)
 
 
@@ -261,7 +284,8 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
          heat_s: float = 0.0) -> dict:
     """The config to run `op` with. `bench(cfg)` returns seconds (lower wins; raise to reject a config);
     `simpler(cfg)` ranks configs whose timings tie (lower is simpler; default: the earlier candidate);
-    `default_bucket` keys the shipped default where it differs from the tuning key's `bucket`; `heat_s`: seconds
+    `default_bucket`: a coarser key for shipped defaults, looked up when the tuning key's `bucket` has none (e.g.
+    the power-of-two bucket of an exact shape); `heat_s`: seconds
     of untimed bench calls between the warm pass and the timing (see the module doc).
 
     Looks in this process's memory, then the tuning file; tunes and persists on a miss, except when
@@ -277,10 +301,10 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
     rec = load_entries().get(key)
     if isinstance(rec, dict) and _valid(rec.get("config"), candidates):
         return _remember(key, rec["config"])
-    pinned = _shipped_config(op, default_bucket or bucket, dtype, device, candidates, pinned_src=src_hash)
+    pinned = _shipped_either(op, (bucket, default_bucket), dtype, device, candidates, pinned_src=src_hash)
     if pinned is not None:
         return _remember(key, pinned)
-    fallback = default_config(op, default_bucket or bucket, dtype, device, candidates, default)
+    fallback = default_config(op, bucket, dtype, device, candidates, default, default_bucket=default_bucket)
     if not enabled() or capturing():
         return fallback        # not remembered: a later eager call may still tune
     with _key_lock(key):

@@ -140,12 +140,13 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
                              rf"{'true' if c['pipe'] else 'false'},", text), c
 
 
-def test_large_products_are_tuned_per_exact_shape():
+def test_tuning_keys_hold_the_exact_weight_shape():
     from rocjit import tune
     from rocjit.ops import gemm_fp8
     assert gemm_fp8.tune_bucket(4096, 4096, 7168) == "m4096_n4096_k7168"
     assert gemm_fp8.tune_bucket(4096, 2112, 7168) == "m4096_n2112_k7168"
-    assert gemm_fp8.tune_bucket(16, 4096, 7168) == tune.bucket(m=16, n=4096, k=7168) == "m16_n4096_k8192"
+    assert gemm_fp8.tune_bucket(16, 4096, 7168) == tune.weight_bucket(m=16, n=4096, k=7168) == "m16_n4096_k7168"
+    assert gemm_fp8.tune_bucket(9, 4096, 7168) == "m16_n4096_k7168"
 
 
 def test_small_products_are_tuned_on_graph_replays(monkeypatch):

@@ -111,6 +111,33 @@ def test_pin_measured_on_other_kernel_sources_is_tuned_over(tdir, monkeypatch):
     assert pick(fake_bench({}, []), bucket="m2_n1024", src_hash="other") == {"tile": 1}
 
 
+def test_exact_keys_find_the_shipped_defaults_of_their_bucket(tdir, monkeypatch):
+    """An op tuned per exact shape (bucket) passes its power-of-two bucket as default_bucket: a shipped default or
+    pin keyed by either is found, the exact one first; tuned winners are stored under the exact key, so two shapes
+    of one power-of-two bucket get a winner each."""
+    (tdir / "shipped.json").write_text(json.dumps({"schema": 1, "entries": {
+        "op|m1_n4096_k16384|bf16|FakeGPU": {"config": {"tile": 1}},
+        "op|m1_n2304_k16384|bf16|FakeGPU": {"config": {"tile": 4}},
+        "op|m2_n4096_k16384|bf16|FakeGPU": {"config": {"tile": 1}, "pinned": True, "src": "abc"}}}))
+    coarse = "m1_n4096_k16384"
+    monkeypatch.setenv("ROCJIT_AUTOTUNE", "0")
+    assert pick(fake_bench({}, []), bucket="m1_n2304_k16384", default_bucket=coarse) == {"tile": 4}
+    assert pick(fake_bench({}, []), bucket="m1_n4000_k16384", default_bucket=coarse) == {"tile": 1}
+    assert tune.default_config("op", "m1_n2304_k16384", "bf16", "FakeGPU", CANDS, DEFAULT,
+                               default_bucket=coarse) == {"tile": 4}
+    assert tune.default_config("op", "m1_n4000_k16384", "bf16", "FakeGPU", CANDS, DEFAULT,
+                               default_bucket=coarse) == {"tile": 1}
+    monkeypatch.delenv("ROCJIT_AUTOTUNE")
+    tune.clear_memory()
+    calls = []                                          # the pin of the bucket, nothing timed
+    assert pick(fake_bench({}, calls), bucket="m2_n2304_k16384", default_bucket="m2_n4096_k16384") == {"tile": 1}
+    assert calls == []
+    for n, times, want in ((2304, {1: 3.0, 2: 2.0, 4: 1.0}, 4), (4000, {1: 1.0, 2: 2.0, 4: 3.0}, 1)):
+        assert pick(fake_bench(times, calls), bucket=f"m4_n{n}_k16384", default_bucket="m4_n4096_k16384") == \
+            {"tile": want}
+    assert {k.split("|")[1] for k in tune.load_entries()} == {"m4_n2304_k16384", "m4_n4000_k16384"}
+
+
 def test_shipped_pins_were_measured_on_todays_kernels():
     """Every pin shipped records the hash of the kernel sources it was measured on, and it is today's: a kernel
     change (the source or any header it includes) makes its pins plain tuned defaults until they are measured
@@ -237,6 +264,8 @@ def test_export_defaults_round_trip(tdir, monkeypatch):
 def test_bucket_and_hash():
     assert tune.bucket(m=5, n=13312, k=6656) == "m8_n16384_k8192"
     assert tune.bucket(m=1, n=1) == "m1_n1"
+    assert tune.weight_bucket(m=5, n=13312, k=6656) == "m8_n13312_k6656"
+    assert tune.weight_bucket(b=1, n=2304, k=16384) == "b1_n2304_k16384"
     assert tune.source_hash("a") != tune.source_hash("b") and len(tune.source_hash("a")) == 16
 
 

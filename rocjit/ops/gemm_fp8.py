@@ -439,13 +439,14 @@ EXACT_TUNE_FLOP = 1 << 34      # 2 M N K from here up: tuned for the exact shape
 
 
 def tune_bucket(M: int, N: int, K: int) -> str:
-    """The tuning key's shape part: power-of-two buckets for small products; from EXACT_TUNE_FLOP up, the exact
-    shape. A bucket shares one winner among shapes whose best tiles differ (H100: the op ran 4096 x 4096 x 7168 at
-    662 TFLOP/s, its best tile timed alone at 966), and at that size the tuning run costs little next to the calls
-    it serves; the shipped defaults stay keyed by bucket."""
+    """The tuning key's shape part: the exact N and K with M in power-of-two buckets (tune.weight_bucket, as the
+    skinny GEMMs); from EXACT_TUNE_FLOP up, the exact shape. A power-of-two bucket shares one winner among shapes
+    whose best tiles differ (H100: the op ran 4096 x 4096 x 7168 at 662 TFLOP/s, its best tile timed alone at 966),
+    and the tuning run costs little next to the calls it serves. Shipped defaults are found under either key (the
+    exact one first, then the power-of-two bucket: tune.pick's default_bucket)."""
     if 2 * M * N * K >= EXACT_TUNE_FLOP:
         return f"m{M}_n{N}_k{K}"
-    return tune.bucket(m=M, n=N, k=K)
+    return tune.weight_bucket(m=M, n=N, k=K)
 
 
 # ----------------------------------------------------------------------------- repeated calls

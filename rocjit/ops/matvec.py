@@ -128,8 +128,8 @@ def _run(call, w, x, w_scale, w_zero, group_size, out):
         return run_config(cfg, kind, x, w, out, w_scale, w_zero, group_size, target, sms, call)
 
     dtype = f"{kind}-{str(x.dtype).replace('torch.', '')}" + (f"-g{group_size}" if kind == "i4" else "")
-    cfg = G.tuned("gemv", bucket=G.tune.bucket(b=B, n=N, k=K), dtype=dtype, device=devname, candidates=cands,
-                  default=default, run=run, w=w)
+    cfg = G.tuned("gemv", bucket=G.tune.weight_bucket(b=B, n=N, k=K), dtype=dtype, device=devname, candidates=cands,
+                  default=default, run=run, w=w, default_bucket=G.tune.bucket(b=B, n=N, k=K))
     run(cfg, w, call)
     return out
 
