@@ -14,9 +14,9 @@ Where no tuned entry exists yet:
   other kernels it is an ordinary shipped default (tuned over). tests/test_tune.py fails when a shipped pin's
   sources changed, so that it is measured again;
 - ``ROCJIT_AUTOTUNE=0`` -> the shipped default (``tune_defaults.json`` in the package, tuned on an
-  H100 and an H200) for this (op, bucket, dtype, device) -- the key's own bucket, else the coarser `default_bucket`
-  an op passes (shapes tuned exactly find the defaults of their power-of-two bucket) -- else the op's built-in
-  default; nothing is benchmarked;
+  H100 and an H200) for this (op, bucket, dtype, device) -- the key's own bucket, else its power-of-two bucket
+  (shapes tuned exactly find the defaults of their bucket) -- else the op's built-in default; nothing is
+  benchmarked;
 - inside CUDA/HIP graph capture -> the same defaults (benchmarking would launch work into the graph);
 - otherwise every candidate is timed (a tqdm bar shows progress) and the fastest is persisted.
 
@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import threading
@@ -75,9 +76,19 @@ def weight_bucket(**dims: int) -> str:
     """'m8_n13312_k6656' from m=5, n=13312, k=6656: the first dimension (activation rows) rounded up to a power of
     two, the others (a weight matrix's) exact. The decode GEMMs and GEMV tune per weight shape: shapes sharing a
     power-of-two bucket can want different configs (H200, bf16 2304 x 16384 at M = 1 ran 26.9 us on the winner
-    tuned for 4096 x 14336, 20.7 on its own)."""
+    tuned for 4096 x 14336, 20.7 on its own). Shipped defaults are also found under the power-of-two bucket
+    (pow2_key)."""
     (k0, v0), *rest = dims.items()
     return "_".join([f"{k0}{pow2_bucket(v0)}"] + [f"{k}{int(v)}" for k, v in rest])
+
+
+def pow2_key(bucket_: str) -> str | None:
+    """The power-of-two bucket of a shape key ('m8_n16384_k8192' from 'm8_n13312_k6656', as bucket() makes it); None
+    for a key not made of <letters><integer> parts."""
+    parts = [re.fullmatch(r"([A-Za-z]+)(\d+)", p) for p in bucket_.split("_")]
+    if not all(parts):
+        return None
+    return "_".join(f"{m.group(1)}{pow2_bucket(int(m.group(2)))}" for m in parts)
 
 
 def source_hash(*paths_or_texts) -> str:
@@ -265,9 +276,9 @@ def _shipped_either(op: str, buckets: Sequence[str], dtype: str, device: str, ca
 
 def default_config(op: str, bucket_: str, dtype: str, device: str, candidates: Sequence[dict], default: dict, *,
                    default_bucket: str | None = None) -> dict:
-    """Shipped default for this key (`bucket_`, else `default_bucket`) when it is one of today's candidates, else the
-    built-in one."""
-    cfg = _shipped_either(op, (bucket_, default_bucket), dtype, device, candidates)
+    """Shipped default for this key (`bucket_`, else `default_bucket`, by default its power-of-two bucket: pow2_key)
+    when it is one of today's candidates, else the built-in one."""
+    cfg = _shipped_either(op, (bucket_, default_bucket or pow2_key(bucket_)), dtype, device, candidates)
     return cfg if cfg is not None else dict(default)
 
 
@@ -284,8 +295,8 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
          heat_s: float = 0.0) -> dict:
     """The config to run `op` with. `bench(cfg)` returns seconds (lower wins; raise to reject a config);
     `simpler(cfg)` ranks configs whose timings tie (lower is simpler; default: the earlier candidate);
-    `default_bucket`: a coarser key for shipped defaults, looked up when the tuning key's `bucket` has none (e.g.
-    the power-of-two bucket of an exact shape); `heat_s`: seconds
+    `default_bucket`: a coarser key for shipped defaults, looked up when the tuning key's `bucket` has none (default:
+    its power-of-two bucket, pow2_key: shapes tuned exactly find the defaults of their bucket); `heat_s`: seconds
     of untimed bench calls between the warm pass and the timing (see the module doc).
 
     Looks in this process's memory, then the tuning file; tunes and persists on a miss, except when
@@ -301,6 +312,7 @@ def pick(op: str, *, bucket: str, dtype: str, device: str, src_hash: str, candid
     rec = load_entries().get(key)
     if isinstance(rec, dict) and _valid(rec.get("config"), candidates):
         return _remember(key, rec["config"])
+    default_bucket = default_bucket or pow2_key(bucket)
     pinned = _shipped_either(op, (bucket, default_bucket), dtype, device, candidates, pinned_src=src_hash)
     if pinned is not None:
         return _remember(key, pinned)

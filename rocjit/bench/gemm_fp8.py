@@ -16,6 +16,8 @@ On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is als
 products of >= 128 rows, its output compared with the op's, as rows gemm_fp8_blockwise_NT_wgmma_<config> (the op
 offers these configs to its tuner there unless ROCJIT_GEMM_FP8_SM90=0; the rows show each tile on its own)."""
 
+import statistics
+
 from rocjit.bench import harness as H
 
 SQUARE = (4096, 8192)
@@ -55,7 +57,6 @@ def _time(fn, M, torch):
 def _time_all(fns: dict, M, torch) -> dict:
     """µs of each of a shape's implementations: graph replays one after the other for small M, else ROUNDS rounds of
     events over all of them in turn (order reversed every other round), the median of each one's rounds."""
-    import statistics
     if M <= 256:
         return {k: _time(f, M, torch) for k, f in fns.items()}
     got = {k: [] for k in fns}
@@ -227,7 +228,6 @@ def _training_step(result, quick, torch):
 
     # ROUNDS alternating rounds, median of each, as the GEMM rows: timed once each, fp8 then bf16, the bf16 step read
     # 8814 us in one H200 run and 7870 in the next on the same code
-    import statistics
     models = (("fp8", fp8), ("bf16", ref))
     runs = {name: [] for name, _ in models}
     for r in range(1 if quick else ROUNDS):

@@ -521,9 +521,9 @@ def aligned_operands(op: str, a, w, out=None, call=UNRECORDED):
     return a if C.aligned(a) else a.clone()
 
 
-def tuned(op: str, *, bucket: str, dtype: str, device: str, candidates, default, run, w, default_bucket=None):
+def tuned(op: str, *, bucket: str, dtype: str, device: str, candidates, default, run, w):
     """The tuned (or shipped / built-in default) config; `run(cfg, w)` launches one candidate on weights w (the
-    tuner times it over copies of w rotated beyond L2, unrecorded); `default_bucket` as tune.pick's."""
+    tuner times it over copies of w rotated beyond L2, unrecorded)."""
     copies = []
 
     def bench(cfg):
@@ -532,7 +532,7 @@ def tuned(op: str, *, bucket: str, dtype: str, device: str, candidates, default,
         return tune.time_graph([functools.partial(run, cfg, c) for c in copies])
 
     return tune.pick(op, bucket=bucket, dtype=dtype, device=device, src_hash=src_hash(), candidates=candidates,
-                     default=default, bench=bench, simpler=launches, default_bucket=default_bucket)
+                     default=default, bench=bench, simpler=launches)
 
 
 def launches(cfg: dict) -> int:

@@ -410,7 +410,7 @@ def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     default = decode_default(M, N, b_km.shape[1], sms, decode) if decode else default_config(M, N, sms, cands)
 
     copies = []
-    small = bool(decode) or 2 * M * N * K < EXACT_TUNE_FLOP
+    small = bool(decode) or not _tuned_exactly(M, N, K)
 
     def bench(cfg):
         if small:
@@ -430,8 +430,7 @@ def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     tc = "-trans_c" if trans_c and M <= DECODE_M else ""
     dtype = f"{a_km.dtype}-{G.ctype(c.dtype)}{'-sb_rows' if sb_rows else ''}{tc}".replace("torch.", "")
     return tune.pick(NAME, bucket=tune_bucket(M, N, K), dtype=dtype, device=devname, src_hash=src_hash(),
-                     candidates=cands, default=default, bench=bench, default_bucket=tune.bucket(m=M, n=N, k=K),
-                     heat_s=HEAT_S)
+                     candidates=cands, default=default, bench=bench, heat_s=HEAT_S)
 
 
 HEAT_S = 0.3      # seconds of untimed runs before the tuner times (tune.pick's heat_s): the compiles idled the GPU
@@ -443,10 +442,14 @@ def tune_bucket(M: int, N: int, K: int) -> str:
     skinny GEMMs); from EXACT_TUNE_FLOP up, the exact shape. A power-of-two bucket shares one winner among shapes
     whose best tiles differ (H100: the op ran 4096 x 4096 x 7168 at 662 TFLOP/s, its best tile timed alone at 966),
     and the tuning run costs little next to the calls it serves. Shipped defaults are found under either key (the
-    exact one first, then the power-of-two bucket: tune.pick's default_bucket)."""
-    if 2 * M * N * K >= EXACT_TUNE_FLOP:
+    exact one first, then the power-of-two bucket: tune.pow2_key)."""
+    if _tuned_exactly(M, N, K):
         return f"m{M}_n{N}_k{K}"
     return tune.weight_bucket(m=M, n=N, k=K)
+
+
+def _tuned_exactly(M: int, N: int, K: int) -> bool:
+    return 2 * M * N * K >= EXACT_TUNE_FLOP
 
 
 # ----------------------------------------------------------------------------- repeated calls

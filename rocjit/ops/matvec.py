@@ -129,7 +129,7 @@ def _run(call, w, x, w_scale, w_zero, group_size, out):
 
     dtype = f"{kind}-{str(x.dtype).replace('torch.', '')}" + (f"-g{group_size}" if kind == "i4" else "")
     cfg = G.tuned("gemv", bucket=G.tune.weight_bucket(b=B, n=N, k=K), dtype=dtype, device=devname, candidates=cands,
-                  default=default, run=run, w=w, default_bucket=G.tune.bucket(b=B, n=N, k=K))
+                  default=default, run=run, w=w)
     run(cfg, w, call)
     return out
 

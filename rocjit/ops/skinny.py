@@ -136,14 +136,12 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
             return launch(cfg, w, UNRECORDED, scratch[0])
         return run(cfg, w)
 
-    # tuned per weight shape (rows bucketed); shipped defaults also keyed by the power-of-two bucket
-    bucket, coarse = G.tune.weight_bucket(m=M, n=N, k=K), G.tune.bucket(m=M, n=N, k=K)
-    dtype = str(a.dtype).replace("torch.", "")
+    bucket, dtype = G.tune.weight_bucket(m=M, n=N, k=K), str(a.dtype).replace("torch.", "")
     key = "skinny_gemm" if not fused else "skinny_gemm_residual" if ep == EP_RESIDUAL else "skinny_gemm_swiglu"
     if fused:
-        default = G.tune.default_config("skinny_gemm", bucket, dtype, devname, cands, default, default_bucket=coarse)
+        default = G.tune.default_config("skinny_gemm", bucket, dtype, devname, cands, default)
     cfg = G.tuned(key, bucket=bucket, dtype=dtype, device=devname, candidates=cands, default=default, run=tune_run,
-                  w=w, default_bucket=coarse)
+                  w=w)
     return cfg, run
 
 

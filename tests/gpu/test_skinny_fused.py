@@ -237,7 +237,7 @@ def test_tuning_a_residual_epilogue_never_touches_the_residual(monkeypatch):
     M, N, K = 4, 1037, 2048
     a, w, sa, sw, r0, ref = _residual_case(F8, M, N, K, seed=90)
 
-    def tuned(op, *, bucket, dtype, device, candidates, default, run, w, default_bucket=None):
+    def tuned(op, *, bucket, dtype, device, candidates, default, run, w):
         for cfg in candidates:                          # what the tuner does, minus the timing
             run(cfg, w)
         return default
