@@ -359,6 +359,10 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 // (they arrive on both `empty` barriers). The accumulators go straight from registers to C (pairs of elements; C^T
 // with TRANS_C). The 192-column tile is for shapes whose 128-column tiles leave the last wave of blocks short
 // (N = 2112: 17 column tiles of 128, 11 of 192).
+// Split-K (splits > 1, for products with fewer tiles than multiprocessors and a long K: 128 x 2112 x 7168 is 17 tiles
+// of 56 K blocks): each tile's K blocks are cut into `splits` ranges, each a work unit of its own, whose fp32
+// partials go to ws [splits, M, N] (C^T's layout with TRANS_C); the host sums them in split order
+// (skinny_splitk_reduce), so the result does not depend on timing. splits == 1 writes C directly (ws unused).
 
 namespace gemm8_sm90 {
 
@@ -441,12 +445,14 @@ ROCJIT_INLINE void store_fragment16(OT* c, long long ldc, const float (&acc)[R],
     }
 }
 
-template <class OT, int SLABS, int BN, int STAGES, bool PIPE, int CLUSTER, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+template <class OT, int SLABS, int BN, int STAGES, bool PIPE, int CLUSTER, bool SB_ROWS, bool TRANS_C, bool VEC_OUT,
+          int MWG = 2>
 ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT* __restrict__ c,
-                            const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
-                            long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+                            float* __restrict__ ws, int splits, const float* __restrict__ sa,
+                            const float* __restrict__ sb, int M, int N, int K, long long ldc, long long sa_m,
+                            long long sa_k, long long sb_n, long long sb_k) {
 #if ROCJIT_HAS_WGMMA
-    constexpr int BM = 128 * SLABS;
+    constexpr int BM = 64 * MWG * SLABS;
     constexpr int kR = BN / 2;                  // accumulator floats per thread of one m64nBN fragment
     using L = layout<BM, BN, STAGES>;
     (void)sa_m;                                 // the A scales are M-major: sa_m == 1 (the host sees to it)
@@ -454,7 +460,10 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     // per-column B scales, need 232 in the math warps (224 spilled there)
     // 2 slabs, 2 partial sets with per-column B scales, or one wider than 128 columns
     constexpr bool kWide = SLABS == 2 || (PIPE && SB_ROWS) || BN > 128;
-    constexpr int kCopyRegs = kWide ? 40 : 56, kMathRegs = kWide ? 232 : 224;
+    // three math warpgroups (128 x 40 + 384 x 152 <= 64K): one slab each, one partial set
+    constexpr int kCopyRegs = MWG == 3 ? 40 : kWide ? 40 : 56, kMathRegs = MWG == 3 ? 152 : kWide ? 232 : 224;
+    static_assert(MWG == 2 || (MWG == 3 && SLABS == 1 && !PIPE && BN == 128 && CLUSTER == 1),
+                  "MWG: 2 math warpgroups, or 3 with one slab each, no pipelined partials, 128 columns, no cluster");
     static_assert(SLABS == 1 || SLABS == 2, "SLABS: m64 slabs per math warpgroup, 1 or 2");
     static_assert(!(PIPE && SLABS == 2), "two partial sets fit one slab per math warpgroup");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER: 1, or 2 blocks sharing the A tile");
@@ -472,19 +481,25 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     auto stage_sb = [&](int s) { return scales + s * (BM + BN) + BM; };
 
     const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-    const int units = (M + BM - 1) / BM * ((N + BN * CLUSTER - 1) / (BN * CLUSTER));   // tiles (pairs) to do
+    const int kblocks = (K + kRow - 1) / kRow;
+    // work units: tiles (pairs with CLUSTER 2), each cut into `splits` ranges of whole K blocks (1 <= splits <=
+    // kblocks, the host sees to it); unit u is split u % splits of tile u / splits
+    const int units = (M + BM - 1) / BM * ((N + BN * CLUSTER - 1) / (BN * CLUSTER)) * splits;
     const int first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
-    auto tile = [&](int u, int& m0, int& n0) {
-        tile_of<BM, BN * CLUSTER>(u, M, N, m0, n0);
+    auto tile = [&](int u, int& m0, int& n0, int& kb0, int& kb1, int& sp) {
+        const int t = u / splits;
+        sp = u - t * splits;
+        kb0 = (int)((long long)sp * kblocks / splits);
+        kb1 = (int)((long long)(sp + 1) * kblocks / splits);
+        tile_of<BM, BN * CLUSTER>(t, M, N, m0, n0);
         n0 += rank * BN;
     };
-    const int kblocks = (K + kRow - 1) / kRow;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 8 * CLUSTER);
+            mbar_init(&empty[s], 4 * MWG * CLUSTER);
         }
         mbar_init_fence();
     }
@@ -503,9 +518,9 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             }
             int it = 0;                         // K blocks copied so far, over every tile of this block
             for (int u = first; u < units; u += step) {
-                int m0, n0;
-                tile(u, m0, n0);
-                for (int kb = 0; kb < kblocks; ++kb, ++it) {
+                int m0, n0, kb0, kb1, sp;
+                tile(u, m0, n0, kb0, kb1, sp);
+                for (int kb = kb0; kb < kb1; ++kb, ++it) {
                     const int s = it % STAGES, round = it / STAGES;
                     if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
                     // SB_ROWS: the stage's B scales by one bulk copy, counted in its bytes: the columns n0 ..
@@ -537,7 +552,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         }
     } else {
         tma::claim_registers<kMathRegs>();
-        // math warpgroup 0 or 1. Read through a shuffle, the compiler keeps it (and the descriptors made from it)
+        // math warpgroup 0 .. MWG - 1. Read through a shuffle, the compiler keeps it (and the descriptors made from it)
         // in uniform registers; two slabs with per-column B scales and fp32 output leave no room for that (an
         // 8-byte spill)
         constexpr bool kVectorCg = SB_ROWS && SLABS == 2 && sizeof(OT) == 4;
@@ -583,16 +598,17 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         const float* tile_sb2 = sb;
         float b_grp = 0.0f, b_next = 0.0f, b_grp2 = 0.0f, b_next2 = 0.0f;
         int split = 16;                         // kTwoB: the tile's 8-column groups in its first scale block
-        auto fetch_b = [&](const float* t, int kb0) {
-            return ld_scale(t + (long long)min(kb0 + lane, kblocks - 1) * sb_k);
+        auto fetch_b = [&](const float* t, int kb_first) {
+            return ld_scale(t + (long long)min(kb_first + lane, kblocks - 1) * sb_k);
         };
         struct b_scales { float b0, b1; };
-        auto b_at = [&](int kb) {
+        int kb_base = 0, nkb = kblocks;         // the unit's first K block and its count
+        auto b_at = [&](int kb) {               // kb counted from the unit's first K block
             b_scales v{0.0f, 0.0f};
             if constexpr (!SB_ROWS) {
-                if ((kb & 31) == 16 && kb + 16 < kblocks) {
-                    b_next = fetch_b(tile_sb, kb + 16);
-                    if constexpr (kTwoB) b_next2 = fetch_b(tile_sb2, kb + 16);
+                if ((kb & 31) == 16 && kb + 16 < nkb) {
+                    b_next = fetch_b(tile_sb, kb_base + kb + 16);
+                    if constexpr (kTwoB) b_next2 = fetch_b(tile_sb2, kb_base + kb + 16);
                 }
                 if ((kb & 31) == 0 && kb > 0) {
                     b_grp = b_next;
@@ -638,8 +654,9 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         int ring_s = 0;                         // !PIPE: the ring stage of the next K block, and its phase
         unsigned ring_ph = 0;
         for (int u = first; u < units; u += step) {
-            int m0, n0;
-            tile(u, m0, n0);
+            int m0, n0, kb1, sp;
+            tile(u, m0, n0, kb_base, kb1, sp);
+            nkb = kb1 - kb_base;
 #pragma unroll
             for (int e = 0; e < kR; ++e) {
 #pragma unroll
@@ -649,10 +666,10 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             if constexpr (!SB_ROWS) {
                 const int nb = min(n0, N - 1) / 128;
                 tile_sb = sb + (long long)nb * sb_n;
-                b_grp = fetch_b(tile_sb, 0);
+                b_grp = fetch_b(tile_sb, kb_base);
                 if constexpr (kTwoB) {          // (a block past N: the last one's scales, for columns never stored)
                     tile_sb2 = sb + (long long)min(nb + 1, (N - 1) / 128) * sb_n;
-                    b_grp2 = fetch_b(tile_sb2, 0);
+                    b_grp2 = fetch_b(tile_sb2, kb_base);
                     split = (128 - (n0 & 127)) / 8;
                 }
             }
@@ -661,16 +678,16 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                 // starts, so the rare load sits outside the loop that issues the wgmmas, and that loop keeps its
                 // ring stage and barrier phase in two counters (no division by STAGES). Its head went from 67 to
                 // 30 instructions in the 256 x 128 build (4096 x 7168 x 16384: 1076 -> 1112 TFLOP/s, H100, one run)
-                const int group = SB_ROWS ? kblocks : 32;     // (per-row B scales come with the stage)
-                for (int g = 0; g < kblocks; g += group) {
+                const int group = SB_ROWS ? nkb : 32;         // (per-row B scales come with the stage)
+                for (int g = 0; g < nkb; g += group) {
                     float nx = 0.0f, nx2 = 0.0f;
                     if constexpr (!SB_ROWS) {
-                        if (g + 32 < kblocks) {
-                            nx = fetch_b(tile_sb, g + 32);
-                            if constexpr (kTwoB) nx2 = fetch_b(tile_sb2, g + 32);
+                        if (g + 32 < nkb) {
+                            nx = fetch_b(tile_sb, kb_base + g + 32);
+                            if constexpr (kTwoB) nx2 = fetch_b(tile_sb2, kb_base + g + 32);
                         }
                     }
-                    const int n = min(kblocks - g, group);
+                    const int n = min(nkb - g, group);
                     for (int i = 0; i < n; ++i) {
                         b_scales bsc{0.0f, 0.0f};
                         if constexpr (!SB_ROWS) {
@@ -722,16 +739,33 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                 wait_full(it);
                 issue(part, it % STAGES, cg);
                 int kb = 0;
-                for (; kb + 2 < kblocks; kb += 2) {
+                for (; kb + 2 < nkb; kb += 2) {
                     steady(kb, part, next);
                     steady(kb + 1, next, part);
                 }
-                if (kb + 1 < kblocks) {
+                if (kb + 1 < nkb) {
                     steady(kb, part, next);
                     last(kb + 1, next);
                 } else {
                     last(kb, part);
                 }
+            }
+            if (splits > 1) {                   // fp32 partials of split sp, laid out as C (or C^T)
+                float* w = ws + (long long)sp * M * N;
+                const long long ldw = TRANS_C ? M : N;
+#pragma unroll
+                for (int j = 0; j < SLABS; ++j) {
+                    const int r0 = m0 + (cg * SLABS + j) * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+                    for (int q = 0; q < kR / 4; ++q) {
+                        const int col = n0 + 8 * q + col_in_8;
+                        store_pair<float>(w, ldw, r0, col, acc[j][4 * q], acc[j][4 * q + 1], M, N, TRANS_C,
+                                          (ldw & 1) == 0);
+                        store_pair<float>(w, ldw, r0 + 8, col, acc[j][4 * q + 2], acc[j][4 * q + 3], M, N, TRANS_C,
+                                          (ldw & 1) == 0);
+                    }
+                }
+                continue;
             }
 #pragma unroll
             for (int j = 0; j < SLABS; ++j) {
@@ -753,8 +787,8 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     // no block leaves while the other may still multicast into its ring or arrive on its barriers
     if constexpr (CLUSTER > 1) cluster_sync();
 #else
-    (void)tma_a; (void)tma_b; (void)c; (void)sa; (void)sb; (void)M; (void)N; (void)K; (void)ldc; (void)sa_m;
-    (void)sa_k; (void)sb_n; (void)sb_k;
+    (void)tma_a; (void)tma_b; (void)c; (void)ws; (void)splits; (void)sa; (void)sb; (void)M; (void)N; (void)K;
+    (void)ldc; (void)sa_m; (void)sa_k; (void)sb_n; (void)sb_k;
     unsupported_on_target();   // TMA and wgmma need sm_90a: the host never launches this elsewhere
 #endif
 }
@@ -765,20 +799,32 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
 template <class OT, int SLABS, int BN, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 __launch_bounds__(384, 1) __global__ void gemm_fp8_blockwise_tma_kernel(
     ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
-    const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K, long long ldc, long long sa_m,
-    long long sa_k, long long sb_n, long long sb_k) {
-    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 1, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, sa, sb, M, N, K, ldc,
-                                                                               sa_m, sa_k, sb_n, sb_k);
+    float* __restrict__ ws, int splits, const float* __restrict__ sa, const float* __restrict__ sb, int M, int N,
+    int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 1, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, ws, splits, sa, sb,
+                                                                               M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
 }
 
 // The same in clusters of 2 blocks sharing each A tile (the grid a multiple of 2).
 template <class OT, int SLABS, int BN, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 __launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))) gemm_fp8_blockwise_tma2_kernel(
     ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
-    const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K, long long ldc, long long sa_m,
-    long long sa_k, long long sb_n, long long sb_k) {
-    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 2, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, sa, sb, M, N, K, ldc,
-                                                                               sa_m, sa_k, sb_n, sb_k);
+    float* __restrict__ ws, int splits, const float* __restrict__ sa, const float* __restrict__ sb, int M, int N,
+    int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 2, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, ws, splits, sa, sb,
+                                                                               M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
+}
+
+// Three math warpgroups of one m64 slab each: 192 x 128 tiles, 512 threads. While one warpgroup promotes its
+// partials, two keep the tensor cores fed, where with two a promotion that takes longer than the other warpgroup's
+// wgmmas leaves them idle: the case of per-row B scales (wgrad), whose promotion multiplies twice per element.
+template <class OT, int STAGES, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+__launch_bounds__(512, 1) __global__ void gemm_fp8_blockwise_tma3_kernel(
+    ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
+    float* __restrict__ ws, int splits, const float* __restrict__ sa, const float* __restrict__ sb, int M, int N,
+    int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+    gemm8_sm90::tma_gemm<OT, 1, 128, STAGES, false, 1, SB_ROWS, TRANS_C, VEC_OUT, 3>(
+        tma_a, tma_b, c, ws, splits, sa, sb, M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
 }
 
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__hip_bfloat16, 128, 128, 6, true, true, false, false, true>
@@ -803,3 +849,7 @@ __launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 192, 5, false, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<float, 1, 192, 5, false, true, true, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__half, 1, 192, 5, false, true, false, false>
+// rocjit:check gemm_fp8_blockwise_tma3_kernel<__hip_bfloat16, 5, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma3_kernel<__hip_bfloat16, 5, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma3_kernel<float, 5, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma3_kernel<__half, 5, false, false, false>

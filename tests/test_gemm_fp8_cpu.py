@@ -85,15 +85,22 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     wg = [c for c in cands if c.get("kernel") in ("sm90", "tma")]
     assert len(wg) >= 3 and all(G.smem_bytes(c) <= 227 * 1024 for c in wg)
     assert all(G.threads(c, "sm_90a") == (c["bm"] // 64 + c["ws"]) * 128 for c in wg if c["kernel"] == "sm90")
-    # prefill-sized products take the TMA kernel by default (256-row tiles while every SM gets one), decode-sized
-    # ones the mma.sync kernel
+    # prefill-sized products take the TMA kernel by default (192-row tiles on three math warpgroups while every SM
+    # gets one, then 256-row tiles on two), decode-sized ones the mma.sync kernel
     big = G.default_config(4096, 4096, 132, cands)
-    assert big == {"kernel": "tma", "bm": 256, "bn": 128, "stages": 4, "pipe": False, "cluster": 1}
+    assert big == {"kernel": "tma", "bm": 192, "bn": 128, "stages": 5, "pipe": False, "cluster": 1}
+    assert G.default_config(4096, 2112, 132, cands)["bm"] == 192             # 22 x 17 tiles
+    assert G.default_config(8192, 8192, 132, cands)["bm"] == 192
+    cands3, cands = cands, [c for c in cands if c.get("bm") != 192]       # the two-warpgroup choices below
+    assert G.default_config(4096, 4096, 132, cands) == {"kernel": "tma", "bm": 256, "bn": 128, "stages": 4,
+                                                        "pipe": False, "cluster": 1}
+    assert G.default_config(1024, 2112, 132, cands3) == G.default_config(1024, 2112, 132, cands)  # 6 x 17: too few
     assert G.default_config(1024, 2112, 132, cands)["bm"] == 128            # 4 x 17 256-row tiles: too few
     assert G.default_config(256, 256, 132, cands)["kernel"] == "tma"
     assert "kernel" not in G.default_config(1, 7168, 132, cands)
-    tma = [c for c in cands if c.get("kernel") == "tma"]
-    assert len(tma) == len(G._TMA_TILES) and all(G.threads(c, "sm_90a") == 384 for c in tma)
+    tma = [c for c in cands3 if c.get("kernel") == "tma"]
+    assert len(tma) == len(G._TMA_TILES)
+    assert all(G.threads(c, "sm_90a") == (512 if c["bm"] == 192 else 384) for c in tma)
     assert {c["bn"] for c in tma} == {128, 192}
     # the 128 x 192 tile where its last wave is much fuller (4096 x 2112: 3 rounds of 352 tiles against 3 rounds of
     # 272 twice as large), 256 x 128 where the rounds are even or 256 x 128 fills the GPU as well
@@ -111,6 +118,30 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     assert (G.default_config(256, 256, 132, cands)["bm"], G.default_config(128, 7168, 132, cands)["bm"]) == (64, 64)
 
 
+def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
+    cands = G.candidates("sm_90a", 227 * 1024)
+    # 128 x 2112 x 7168: 17 tiles of 128 x 128 (7 ranges of 8 K blocks fill 119 of 132 SMs), 11 of 128 x 192 (12)
+    split = G.split_candidates(128, 2112, 7168, 132, cands)
+    assert {(c["bn"], c["pipe"], c["splits"]) for c in split} == {(128, True, 7), (128, True, 3), (128, False, 7),
+                                                                  (128, False, 3), (192, False, 12),
+                                                                  (192, False, 6)}
+    assert all(c["kernel"] == "tma" and c["bm"] == 128 and c["cluster"] == 1 for c in split)
+    assert all(dict((k, v) for k, v in c.items() if k != "splits") in cands for c in split)
+    # the default: the twin with the most work units (132 = 11 x 12 against 119 = 17 x 7); at 64 x 7168 x 16384
+    # 114 = 38 x 3 against 112 = 56 x 2 (measured fastest of the twins there)
+    chosen = G.default_config(128, 2112, 132, cands + split)
+    assert (chosen["bn"], chosen["splits"]) == (192, 12)
+    chosen = G.default_config(64, 7168, 132, cands + G.split_candidates(64, 7168, 16384, 132, cands))
+    assert (chosen["bn"], chosen["splits"]) == (192, 3)
+    # ranges of at least SPLIT_MIN_KBLOCKS K blocks: 8 K blocks leave 2 ranges; 4 leave none worth the reduce
+    assert {c["splits"] for c in G.split_candidates(77, 300, 1024, 132, cands)} == {2}
+    assert G.split_candidates(128, 2112, 512, 132, cands) == []
+    # more than half the multiprocessors busy already: none (4096^3; 256 x 7168: 112 tiles of 128 x 128, 76 of 192)
+    assert G.split_candidates(4096, 4096, 4096, 132, cands) == []
+    assert G.split_candidates(256, 7168, 16384, 132, cands) == []
+    assert G.smem_bytes(split[0]) == G.smem_bytes({k: v for k, v in split[0].items() if k != "splits"})
+
+
 def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     """Every checked instantiation of the wgmma kernel: no spills, warpgroup MMAs in the SASS, registers that let
     one block of its largest config run per multiprocessor, and each tuner candidate's template built."""
@@ -124,8 +155,8 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     assert len(rows) >= 5 and all(r["status"] == "ok" for r in rows)
     assert all(int(r["matrix"]) >= 4 for r in rows)          # 4 k32 steps of m64n128k32 per K block
     for r in rows:
-        if "_tma" in r["kernel"]:           # 384 threads; setmaxnreg moves registers between the warpgroups
-            assert int(r["registers"]) * 384 <= 65536, r
+        if "_tma" in r["kernel"]:           # 384 / 512 threads; setmaxnreg moves registers between the warpgroups
+            assert int(r["registers"]) * (512 if "_tma3" in r["kernel"] else 384) <= 65536, r
             continue
         bm, ws = re.search(r"<[^,]+, (\d+), \d+, \d+, (true|false),", r["kernel"]).groups()
         assert int(r["registers"]) * (int(bm) // 64 + (ws == "true")) * 128 <= 65536, r
@@ -134,6 +165,8 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     for c in G.candidates("sm_90a", 227 * 1024, sm90=True):
         if c.get("kernel") == "sm90":
             assert f", {c['bm']}, {c['bn']}, {c['stages']}, {'true' if c['ws'] else 'false'}," in text, c
+        elif c.get("kernel") == "tma" and c["bm"] == 192:
+            assert f"gemm_fp8_blockwise_tma3_kernel<__hip_bfloat16, {c['stages']}," in text, c
         elif c.get("kernel") == "tma":
             kname = "gemm_fp8_blockwise_tma2_kernel" if c["cluster"] == 2 else "gemm_fp8_blockwise_tma_kernel"
             assert re.search(rf"{kname}<[^,]+, {c['bm'] // 128}, {c['bn']}, {c['stages']}, "
@@ -149,11 +182,11 @@ def test_tuning_keys_hold_the_exact_weight_shape():
     assert gemm_fp8.tune_bucket(9, 4096, 7168) == "m16_n4096_k7168"
 
 
-def test_small_products_are_tuned_on_graph_replays(monkeypatch):
-    """Below 2^34 FLOP the kernels run for microseconds: events around single calls timed the host's launch path
-    (H200 at M = 128: the op picked a 25 us tile where a 12 us one exists), so those sizes are timed as CUDA-graph
-    replays over rotated copies of b; larger ones with events. Winners timed the old way are tuned again (the timing
-    method is part of src_hash)."""
+def test_products_are_tuned_on_graph_replays(monkeypatch):
+    """Events around calls timed the host's launch path wherever it outlasts the kernel (H200 at M = 128: the op
+    picked a 25 us tile where a 12 us one exists; at 4096^3 the TMA kernel's 130 us Python path hid the tiles'
+    differences), so every size is timed as CUDA-graph replays: below 2^34 FLOP over rotated copies of b, above
+    over b itself. Winners timed otherwise are tuned again (the timing method is part of src_hash)."""
     from rocjit import tune
     from rocjit.ops import _gemm
     used = []
@@ -166,7 +199,7 @@ def test_small_products_are_tuned_on_graph_replays(monkeypatch):
     monkeypatch.setattr(tune, "pick", lambda *a, bench, candidates, **k: bench(candidates[0]) and candidates[0])
     c, u8 = torch.empty(1, 1, dtype=torch.bfloat16), torch.empty(1, 1, dtype=torch.uint8)
     for (M, N, K), want in (((128, 7168, 2048), ("graph", 2)), ((64, 24576, 1536), ("graph", 2)),
-                            ((4096, 4096, 4096), ("events", 1))):
+                            ((4096, 4096, 4096), ("graph", 1))):
         used.clear()
         G._config_for(c, u8, torch.empty(N, K, dtype=torch.uint8), None, None, M, N, K, False, False, "sm_90a", 0)
         assert used == [want], (M, N, K, used)

@@ -31,7 +31,12 @@ Decisions:
   128B-swizzled shared-memory ring, optionally with a warp-specialized copy warpgroup. Its configs carry
   "kernel": "sm90"; it covers every case of the op (tails, K % 128, per-row B scales, the transposed store).
   On sm_90a its configs join the tuner's candidates and are the built-in default above 64 rows (H100, 4096^3 NT:
-  about 650 TFLOP/s against 207 for the mma.sync kernel); ROCJIT_GEMM_FP8_SM90=0 leaves them out.
+  about 650 TFLOP/s against 207 for the mma.sync kernel); ROCJIT_GEMM_FP8_SM90=0 leaves them out. The TMA-fed
+  kernel of that file runs two math warpgroups, or three on 192 x 128 tiles: with per-row B scales (wgrad) the
+  promotion multiplies twice per element and outlasts the other warpgroup's wgmmas; a third keeps the tensor cores
+  fed (H200, TN 8192^3: 960 TFLOP/s against 885 for the best two-warpgroup tile). Products with fewer tiles than
+  multiprocessors get split-K twins of its 128-row tiles (split_candidates: K blocks cut into ranges, fp32
+  partials summed in split order by a second kernel; H200, 64 x 2112 x 7168: 12.7 us against 24.5 unsplit).
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
 - Decode (M <= 32 rows, operands K-major as in NT, B scales per 128 x 128 tile, C not transposed, NVIDIA sm_89+):
   skinny_gemm_blockwise_kernel (skinny_gemm.hip, rocjit.ops.skinny's matrix-core kernel with the scales applied per
@@ -64,9 +69,11 @@ _TILES = ((128, 128, 2, 4), (128, 64, 4, 2), (64, 128, 2, 2), (64, 64, 2, 2))
 _SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), (64, 128, 4, False))
 # sm_90a TMA kernel: (BM, BN, stages, pipelined partials, cluster); BM = 128 * m64 slabs per math warpgroup. The
 # 192-column tile (one slab, 96 floats of partial and of accumulator per thread) is for shapes whose 128-column tiles
-# leave the last wave short: H200, 4096 x 2112 x 7168 1042 TFLOP/s against 849 for the best 128-column tile
+# leave the last wave short: H200, 4096 x 2112 x 7168 1042 TFLOP/s against 849 for the best 128-column tile. The
+# 192 x 128 tile runs three math warpgroups of one slab each (gemm_fp8_blockwise_tma3_kernel), for the promotions
+# that outlast the other warpgroup's wgmmas (per-row B scales)
 _TMA_TILES = ((256, 128, 4, False, 2), (256, 128, 4, False, 1), (128, 128, 6, True, 2), (128, 128, 6, True, 1),
-              (128, 128, 6, False, 2), (128, 128, 6, False, 1), (128, 192, 5, False, 1))
+              (128, 128, 6, False, 2), (128, 128, 6, False, 1), (128, 192, 5, False, 1), (192, 128, 5, False, 1))
 
 
 def tma_enabled() -> bool:
@@ -97,7 +104,7 @@ def threads(cfg: dict, target: str) -> int:
     if cfg.get("kernel") == "sm90":
         return (cfg["bm"] // 64 + int(cfg["ws"])) * 128
     if cfg.get("kernel") == "tma":
-        return 384
+        return 512 if cfg["bm"] == 192 else 384
     from rocjit import targets
     return cfg["wm"] * cfg["wn"] * targets.wave_size(target)
 
@@ -127,6 +134,29 @@ def candidates(target: str, smem_limit: int, sm90: bool | None = None) -> list[d
     return out
 
 
+# Split-K for the TMA kernel: products with fewer tiles than multiprocessors leave most of them idle for the whole
+# K loop (128 x 2112 x 7168: 17 tiles of 128 x 128, 56 K blocks each). Cutting each tile's K blocks into `splits`
+# ranges gives every range a block of its own; the fp32 partials are summed in split order by a second kernel.
+SPLIT_MIN_KBLOCKS = 4          # K blocks per range at least: the ring's fill and drain amortised over them
+
+
+def split_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> list[dict]:
+    """Split-K twins ("splits": s) of the one-block TMA tiles of 128 rows, for products whose tiles fill at most half
+    the multiprocessors: s the most ranges that keep one wave (tiles x s <= sms) and >= SPLIT_MIN_KBLOCKS K blocks
+    each, and half of that when it is 2 or more."""
+    kblocks = C.ceil_div(K, BLOCK)
+    out = []
+    for c in cands:
+        if c.get("kernel") != "tma" or c["bm"] != 128 or c["cluster"] != 1:
+            continue
+        tiles = C.ceil_div(M, c["bm"]) * C.ceil_div(N, c["bn"])
+        most = min(sms // tiles, kblocks // SPLIT_MIN_KBLOCKS)
+        for s in sorted({most, most // 2}, reverse=True):
+            if s >= 2:
+                out.append(dict(c, splits=s))
+    return out
+
+
 # The 128 x 192 TMA tile's throughput per tile relative to 256 x 128's, once both are normalized for how full
 # their last wave is (H100, one run: 0.91 - 1.03 over six shapes): the default takes it where its fuller last wave
 # outweighs that
@@ -134,16 +164,29 @@ WIDE_TILE_EFFICIENCY = 0.95
 
 
 def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
-    """Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
+    """Where cands hold split-K twins (split_candidates): the one with the most work units (tiles x splits), the
+    wider tile on a tie, pipelined partials before not (H200, M = 64: 7168 x 16384 42.0 us on 128 x 192 in 3 ranges
+    against 53.9 on 128 x 128 in 2, unsplit 52.4; 2112 x 7168 12.7 - 13.6 for either tile's most splits, unsplit
+    24.5 - 35.4).
+    Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
     sm_90a above 64 rows: the TMA kernel without clusters (measured no faster on an H100 at most shapes of
-    `bench gemm_fp8`) with 256 x 128 tiles when that gives every multiprocessor one -- or 128 x 192 where its rounds
-    of tiles take less time (rounds x tile area / WIDE_TILE_EFFICIENCY: 4096 x 2112, 1002 against 756 TFLOP/s on an
-    H100) -- else 128 x 128 with pipelined partials (faster than without at 5 of 6 shapes measured);
+    `bench gemm_fp8`): 192 x 128 tiles on three math warpgroups when they give every multiprocessor one (H200, the
+    fastest tile at 4 of 7 shapes NT, 6 of 7 TN, within 5% of the best at the others); else 256 x 128 when that gives
+    every multiprocessor one -- or 128 x 192 where its rounds of tiles take less time (rounds x tile area /
+    WIDE_TILE_EFFICIENCY: 4096 x 2112, 1002 against 756 TFLOP/s on an H100) -- else 128 x 128 with pipelined
+    partials (faster than without at 5 of 6 shapes measured);
     with the TMA kernel turned off, the wgmma kernel's largest such tile (128 x 256, then 128 x 128), else 64 x 128."""
     tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
+    split = [c for c in cands if c.get("splits", 1) > 1]
+    if split:
+        return max(split, key=lambda c: (tiles(c["bm"], c["bn"]) * c["splits"], c["bn"], c["pipe"]))
+    three = next((c for c in cands if c.get("kernel") == "tma" and c["bm"] == 192), None)
+    if three is not None and M > 64 and tiles(192, 128) >= sms:
+        return three
     by_bm = {}                                     # per tile height: pipelined partials where a candidate has them
     for c in cands:
-        if c.get("kernel") == "tma" and c["cluster"] == 1 and c["bn"] == 128 and (c["bm"] not in by_bm or c["pipe"]):
+        if c.get("kernel") == "tma" and c["cluster"] == 1 and c["bn"] == 128 and "splits" not in c \
+                and c["bm"] != 192 and (c["bm"] not in by_bm or c["pipe"]):
             by_bm[c["bm"]] = c
     tma = [by_bm[bm] for bm in sorted(by_bm, reverse=True)]
     wide = next((c for c in cands if c.get("kernel") == "tma" and c["bn"] == 192), None)
@@ -295,32 +338,42 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     bm, cluster = cfg["bm"], cfg["cluster"]
     launcher = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
     return _tma_run(launcher, c, a_km.data_ptr(), a_km.stride(0), b_km.data_ptr(), b_km.stride(0), bm // cluster,
-                    cfg["bn"], sa, sb, M, N, K, sb_rows, smem_bytes(cfg))
+                    cfg["bn"], sa, sb, M, N, K, sb_rows, smem_bytes(cfg), cfg.get("splits", 1))
 
 
-def _tma_run(launcher, c, a_ptr, lda, b_ptr, ldb, box_a, box_b, sa, sb, M, N, K, sb_rows, smem):
+def _tma_run(launcher, c, a_ptr, lda, b_ptr, ldb, box_a, box_b, sa, sb, M, N, K, sb_rows, smem, splits):
     """One TMA-kernel launch into c: the scales laid out as its bulk copies read them (_k_block_rows), the operands'
-    tensor maps (cuda.tensor_map_2d keeps them per address). The full path and the repeated-call path end here."""
+    tensor maps (cuda.tensor_map_2d keeps them per address); with split-K, its fp32 partials in the stream's
+    workspace, summed into c in split order by skinny_splitk_reduce. The full path and the repeated-call path end
+    here."""
     from rocjit.platform import cuda
     sa = _k_block_rows(sa, M, K)
     if sb_rows:
         sb = _k_block_rows(sb, N, K)
     ta = cuda.tensor_map_2d(a_ptr, K, M, lda, BLOCK, box_a)
     tb = cuda.tensor_map_2d(b_ptr, K, N, ldb, BLOCK, box_b)
-    launcher(ta, tb, c, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem)
+    ws = G._stream_workspace(c.device, splits * M * N) if splits > 1 else None
+    launcher(ta, tb, c, ws, splits, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem)
+    if splits > 1:
+        rows, cols = c.shape                     # C [M, N] or C^T [N, M], contiguous; the partials laid out alike
+        reduce = C.module(G.SRC)[f"skinny_splitk_reduce<{G.ctype(c.dtype)}, {G.EP_STORE}>"]
+        reduce[C.ceil_div(rows * cols, 256), 256](ws, c, None, None, None, None, 0, rows, cols, splits, cols)
     return c
 
 
 def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
-    """The TMA kernel's configured launcher (kernel[grid, 384]) for a config and product."""
+    """The TMA kernel's configured launcher (kernel[grid, 384 or 512 threads]) for a config and product."""
     bm, bn, cluster = cfg["bm"], cfg["bn"], cfg["cluster"]
-    kname = "gemm_fp8_blockwise_tma2_kernel" if cluster == 2 else "gemm_fp8_blockwise_tma_kernel"
-    name = (f"{kname}<{G.ctype(od)}, {bm // 128}, {bn}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, "
-            f"{C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}>")
+    flags = f"{C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}"
+    if bm == 192:                       # three math warpgroups of one slab
+        name = f"gemm_fp8_blockwise_tma3_kernel<{G.ctype(od)}, {cfg['stages']}, {flags}>"
+    else:
+        kname = "gemm_fp8_blockwise_tma2_kernel" if cluster == 2 else "gemm_fp8_blockwise_tma_kernel"
+        name = f"{kname}<{G.ctype(od)}, {bm // 128}, {bn}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, {flags}>"
     # persistent: at most one block per multiprocessor (pairs of them with clusters), each walking its tiles
-    units = C.ceil_div(M, bm) * C.ceil_div(N, bn * cluster)
+    units = C.ceil_div(M, bm) * C.ceil_div(N, bn * cluster) * cfg.get("splits", 1)
     grid = min(units, G._device(dev)[2] // cluster) * cluster
-    return C.module(SRC_SM90)[name][grid, 384]
+    return C.module(SRC_SM90)[name][grid, 512 if bm == 192 else 384]
 
 
 def _k_block_rows(s, R, K):
@@ -347,7 +400,7 @@ def src_hash() -> str:
 
 
 # How _config_for's tuner times candidates; part of src_hash
-TUNE_TIMING = "graph replays over rotated copies of b below 2^34 FLOP, events above"
+TUNE_TIMING = "graph replays: over rotated copies of b below 2^34 FLOP, of b itself above"
 
 
 @functools.lru_cache(maxsize=None)
@@ -407,23 +460,22 @@ def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     _, devname, sms = G._device(dev)
     decode = decode_candidates(target, M, N, b_km.shape[1], sms, sb_rows, trans_c)
     cands = decode + candidates(target, _smem_limit(dev))
+    cands += split_candidates(M, N, K, sms, cands)
     default = decode_default(M, N, b_km.shape[1], sms, decode) if decode else default_config(M, N, sms, cands)
 
     copies = []
     small = bool(decode) or not _tuned_exactly(M, N, K)
 
     def bench(cfg):
-        if small:
-            # kernels of a few microseconds (decode, and every bucketed size), timed as skinny_gemm's tuner times
-            # them (CUDA-graph replays over copies of b rotated beyond L2). Events around single calls timed the
-            # host's launch path instead (H100, 4096 x 7168 at M = 32: the tuned call ran 27.4 us where the best
-            # config runs 17.4; H200 at M = 128: 24576 x 1536 25.2 us where a 128 x 192 tile runs 12.3, 7168 x 2048
-            # 16.5 where 128 x 128 runs 8.9)
-            if not copies:
-                copies.extend(tune.rotation_copies(b_km))
-            return tune.time_graph([functools.partial(_launch, cfg, c, a_km, bc, sa, sb, M, N, K, sb_rows, trans_c)
-                                    for bc in copies])
-        return tune.time_gpu(lambda: _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c), warmup=2, reps=10)
+        # CUDA-graph replays, so no host time is counted: events around the calls timed the host's launch path
+        # wherever it outlasts the kernel (the TMA kernel's Python path takes about 130 us: H100, 4096 x 7168 at
+        # M = 32: the tuned call ran 27.4 us where the best config runs 17.4; H200 at M = 128: 24576 x 1536 25.2 us
+        # where a 128 x 192 tile runs 12.3; at 4096^3, a 116 us kernel, every tile read 915 - 986 TFLOP/s). Small
+        # sizes (decode, every bucketed size) run over copies of b rotated beyond L2, as skinny_gemm's tuner does
+        if not copies:
+            copies.extend(tune.rotation_copies(b_km) if small else [b_km])
+        return tune.time_graph([functools.partial(_launch, cfg, c, a_km, bc, sa, sb, M, N, K, sb_rows, trans_c)
+                                for bc in copies])
 
     # per-row B scales (wgrad) are tuned apart: their promotion costs twice the multiplies, so the best tile differs
     # and at decode sizes transposed stores too (the decode kernel does not write them: other candidates)
@@ -482,10 +534,11 @@ def _scales(a_scale, b_scale, layout):
 
 
 def _fast_run(entry, a, a_scale, b, b_scale, layout):
-    launcher, od, shape, M, N, K, lda, ldb, box_a, box_b, sb_rows, smem = entry
+    launcher, od, shape, M, N, K, lda, ldb, box_a, box_b, sb_rows, smem, splits = entry
     c = C.torch().empty(shape, dtype=od, device=a.device)
     sa, sb = _scales(a_scale, b_scale, layout)
-    return _tma_run(launcher, c, a.data_ptr(), lda, b.data_ptr(), ldb, box_a, box_b, sa, sb, M, N, K, sb_rows, smem)
+    return _tma_run(launcher, c, a.data_ptr(), lda, b.data_ptr(), ldb, box_a, box_b, sa, sb, M, N, K, sb_rows, smem,
+                    splits)
 
 
 def _fast_eligible(a, a_scale, b, b_scale, out):
@@ -533,7 +586,7 @@ def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
         key = _fast_key(a, a_scale, b, b_scale, layout, out_dtype, bool(trans_c))
         _FAST[key] = (_tma_kernel(cfg, out.dtype, sb_rows, bool(trans_c), vec_out, M, N, out.device.index or 0), od,
                       shape, M, N, K, a_km.stride(0), b_km.stride(0), cfg["bm"] // cfg["cluster"], cfg["bn"],
-                      sb_rows, smem_bytes(cfg))
+                      sb_rows, smem_bytes(cfg), cfg.get("splits", 1))
     return y
 
 

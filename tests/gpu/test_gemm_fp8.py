@@ -134,6 +134,52 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
         _close(out, ref.t() if trans_c else ref, torch.bfloat16 if od == torch.float16 else od)
 
 
+# split-K of the TMA kernel: each tile's K blocks cut into ranges whose starts are not multiples of the 32-block groups
+# the B scales are read in (65 K blocks in 3 ranges: 21, 22, 22; in 2: 32, 33), a K tail, N / M tails, per-row B
+# scales, the transposed store, every TMA tile (clusters and two-slab tiles included)
+@pytest.mark.parametrize("M, N, K, sb_rows, trans_c, od", [(130, 264, 8320, False, False, torch.bfloat16),
+                                                           (77, 300, 8300, True, True, torch.float32),
+                                                           (200, 136, 1000, True, False, torch.float16)])
+def test_tma_kernel_split_k_against_float64(M, N, K, sb_rows, trans_c, od):
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + N + K)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    sa, sb = G._strided(xs), G._strided(ws)
+    tma = [c for c in G.candidates(target, G._smem_limit(0), sm90=True) if c.get("kernel") == "tma"]
+    for cfg in tma:
+        for splits in (2, 3, 7):
+            out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=od)
+            G._launch(dict(cfg, splits=splits), out, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c)
+            _close(out, ref.t() if trans_c else ref, torch.bfloat16 if od == torch.float16 else od)
+
+
+def test_split_k_through_the_op_and_a_graph():
+    """128 x 264 x 2048 has 3 tiles of 128 x 128: the op's default is split-K (autotuning off here), eagerly, on the
+    repeated-call path and replayed from a CUDA graph, each against the float64 reference."""
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    M, N, K = 128, 264, 2048
+    xq, xs, wq, ws, ref = _operands(M, N, K, False, seed=11)
+    sms = _gemm._device(0)[2]
+    cands = G.candidates(target, G._smem_limit(0))
+    cands += G.split_candidates(M, N, K, sms, cands)
+    assert G.default_config(M, N, sms, cands).get("splits", 1) > 1
+    for _ in range(2):                                  # the full path, then the repeated-call one
+        _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws), ref, torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            got = ops.gemm_fp8_blockwise(xq, xs, wq, ws)
+    got.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _close(got, ref, torch.bfloat16)
+
+
 def _kb_major(s, offset=0):
     """s [R, KB]'s values in memory laid out [KB, R] (R contiguous), starting `offset` floats into a buffer."""
     buf = torch.full((s.numel() + offset,), float("nan"), device=s.device, dtype=s.dtype)
