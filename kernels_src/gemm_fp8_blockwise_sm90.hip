@@ -362,7 +362,7 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 // Split-K (splits > 1, for products with fewer tiles than multiprocessors and a long K: 128 x 2112 x 7168 is 17 tiles
 // of 56 K blocks): each tile's K blocks are cut into `splits` ranges, each a work unit of its own, whose fp32
 // partials go to ws [splits, M, N] (C^T's layout with TRANS_C); the host sums them in split order
-// (skinny_splitk_reduce), so the result does not depend on timing. splits == 1 writes C directly (ws unused).
+// (gemm_fp8_splitk_sum), so the result does not depend on timing. splits == 1 writes C directly (ws unused).
 
 namespace gemm8_sm90 {
 
@@ -827,6 +827,19 @@ __launch_bounds__(512, 1) __global__ void gemm_fp8_blockwise_tma3_kernel(
         tma_a, tma_b, c, ws, splits, sa, sb, M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
 }
 
+// Split-K's second kernel: C (or C^T), contiguous, = the sum of the splits' fp32 partials ws [splits, rows x cols],
+// added in split order, so the result does not depend on which split finished first.
+template <class OT>
+__global__ void gemm_fp8_splitk_sum(const float* __restrict__ ws, OT* __restrict__ c, int splits, int rows,
+                                    int cols) {
+    const long long n = (long long)rows * cols;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = 0.0f;
+    for (int s = 0; s < splits; ++s) v += ws[s * n + i];
+    c[i] = from_float<OT>(v);
+}
+
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__hip_bfloat16, 128, 128, 6, true, true, false, false, true>
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__hip_bfloat16, 128, 128, 4, false, true, false, false, true>
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__hip_bfloat16, 64, 128, 4, false, true, false, false, true>
@@ -853,3 +866,6 @@ __launch_bounds__(512, 1) __global__ void gemm_fp8_blockwise_tma3_kernel(
 // rocjit:check gemm_fp8_blockwise_tma3_kernel<__hip_bfloat16, 5, true, false, true>
 // rocjit:check gemm_fp8_blockwise_tma3_kernel<float, 5, true, true, true>
 // rocjit:check gemm_fp8_blockwise_tma3_kernel<__half, 5, false, false, false>
+// rocjit:check gemm_fp8_splitk_sum<__hip_bfloat16>
+// rocjit:check gemm_fp8_splitk_sum<float>
+// rocjit:check gemm_fp8_splitk_sum<__half>

@@ -36,7 +36,7 @@ Decisions:
   promotion multiplies twice per element and outlasts the other warpgroup's wgmmas; a third keeps the tensor cores
   fed (H200, TN 8192^3: 960 TFLOP/s against 885 for the best two-warpgroup tile). Products with fewer tiles than
   multiprocessors get split-K twins of its 128-row tiles (split_candidates: K blocks cut into ranges, fp32
-  partials summed in split order by a second kernel; H200, 64 x 2112 x 7168: 12.7 us against 24.5 unsplit).
+  partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against 24.5 unsplit).
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
 - Decode (M <= 32 rows, operands K-major as in NT, B scales per 128 x 128 tile, C not transposed, NVIDIA sm_89+):
   skinny_gemm_blockwise_kernel (skinny_gemm.hip, rocjit.ops.skinny's matrix-core kernel with the scales applied per
@@ -344,7 +344,7 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
 def _tma_run(launcher, c, a_ptr, lda, b_ptr, ldb, box_a, box_b, sa, sb, M, N, K, sb_rows, smem, splits):
     """One TMA-kernel launch into c: the scales laid out as its bulk copies read them (_k_block_rows), the operands'
     tensor maps (cuda.tensor_map_2d keeps them per address); with split-K, its fp32 partials in the stream's
-    workspace, summed into c in split order by skinny_splitk_reduce. The full path and the repeated-call path end
+    workspace, summed into c in split order by gemm_fp8_splitk_sum. The full path and the repeated-call path end
     here."""
     from rocjit.platform import cuda
     sa = _k_block_rows(sa, M, K)
@@ -356,18 +356,15 @@ def _tma_run(launcher, c, a_ptr, lda, b_ptr, ldb, box_a, box_b, sa, sb, M, N, K,
     launcher(ta, tb, c, ws, splits, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem)
     if splits > 1:
         rows, cols = c.shape                     # C [M, N] or C^T [N, M], contiguous; the partials laid out alike
-        # (its residual and scale pointers go unread by the plain-store epilogue: tensors, not None, keep the launch
-        # on the fast launcher, as for ws above)
-        u = _unused_workspace(c.device)
-        _reducer(c.dtype)[C.ceil_div(rows * cols, 256), 256](ws, c, c, u, u, u, 0, rows, cols, splits, cols)
+        _reducer(c.dtype)[C.ceil_div(rows * cols, 256), 256](ws, c, splits, rows, cols)
     return c
 
 
 @functools.lru_cache(maxsize=None)
 def _reducer(dtype):
-    """skinny_splitk_reduce summing the TMA kernel's split-K partials into a C of `dtype` (no scales: the partials
-    are scaled)."""
-    return C.module(G.SRC)[f"skinny_splitk_reduce<{G.ctype(dtype)}, {G.EP_STORE}>"]
+    """gemm_fp8_splitk_sum: the TMA kernel's split-K partials (already scaled) summed in split order into a C of
+    `dtype`."""
+    return C.module(SRC_SM90)[f"gemm_fp8_splitk_sum<{G.ctype(dtype)}>"]
 
 
 _UNUSED: dict = {}
