@@ -36,7 +36,8 @@ Decisions:
   promotion multiplies twice per element and outlasts the other warpgroup's wgmmas; a third keeps the tensor cores
   fed (H200, TN 8192^3: 960 TFLOP/s against 885 for the best two-warpgroup tile). Products with fewer tiles than
   multiprocessors get split-K twins of its 128-row tiles (split_candidates: K blocks cut into ranges, fp32
-  partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against 24.5 unsplit).
+  partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against
+  24.5 unsplit).
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
 - Decode (M <= 32 rows, operands K-major as in NT, B scales per 128 x 128 tile, C not transposed, NVIDIA sm_89+):
   skinny_gemm_blockwise_kernel (skinny_gemm.hip, rocjit.ops.skinny's matrix-core kernel with the scales applied per
@@ -489,10 +490,11 @@ def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
 
     def bench(cfg):
         # CUDA-graph replays, so no host time is counted: events around the calls timed the host's launch path
-        # wherever it outlasts the kernel (the TMA kernel's Python path takes about 130 us: H100, 4096 x 7168 at
-        # M = 32: the tuned call ran 27.4 us where the best config runs 17.4; H200 at M = 128: 24576 x 1536 25.2 us
-        # where a 128 x 192 tile runs 12.3; at 4096^3, a 116 us kernel, every tile read 915 - 986 TFLOP/s). Small
-        # sizes (decode, every bucketed size) run over copies of b rotated beyond L2, as skinny_gemm's tuner does
+        # wherever it outlasts the kernel (the TMA kernel's _launch takes 40 - 130 us of Python, by host: H100,
+        # 4096 x 7168 at M = 32: the tuned call ran 27.4 us where the best config runs 17.4; H200 at M = 128:
+        # 24576 x 1536 25.2 us where a 128 x 192 tile runs 12.3; at 4096^3, a 116 us kernel, every tile read 915 -
+        # 986 TFLOP/s). Small sizes (decode, every bucketed size) run over copies of b rotated beyond L2, as
+        # skinny_gemm's tuner does
         if not copies:
             copies.extend(tune.rotation_copies(b_km) if small else [b_km])
         return tune.time_graph([functools.partial(_launch, cfg, c, a_km, bc, sa, sb, M, N, K, sb_rows, trans_c)
