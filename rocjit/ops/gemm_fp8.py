@@ -353,7 +353,9 @@ def _tma_run(launcher, c, a_ptr, lda, b_ptr, ldb, box_a, box_b, sa, sb, M, N, K,
         sb = _k_block_rows(sb, N, K)
     ta = cuda.tensor_map_2d(a_ptr, K, M, lda, BLOCK, box_a)
     tb = cuda.tensor_map_2d(b_ptr, K, N, ldb, BLOCK, box_b)
-    ws = G._stream_workspace(c.device, splits * M * N) if splits > 1 else _unused_workspace(c.device)
+    # the stream's fp32 scratch: the partials with split-K, else an unread argument (a tensor still: the generated
+    # fast launcher takes tensors only, and None sent the launch down the general path, about 30 us more host time)
+    ws = G._stream_workspace(c.device, splits * M * N if splits > 1 else 1)
     launcher(ta, tb, c, ws, splits, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem)
     if splits > 1:
         rows, cols = c.shape                     # C [M, N] or C^T [N, M], contiguous; the partials laid out alike
@@ -366,21 +368,6 @@ def _reducer(dtype):
     """gemm_fp8_splitk_sum: the TMA kernel's split-K partials (already scaled) summed in split order into a C of
     `dtype`."""
     return C.module(SRC_SM90)[f"gemm_fp8_splitk_sum<{G.ctype(dtype)}>"]
-
-
-_UNUSED: dict = {}
-
-
-def _unused_workspace(device):
-    """A one-float tensor for the TMA kernel's workspace parameter where it has no split to write (splits == 1): a
-    tensor, not None, keeps the launch on the generated fast launcher, which takes tensors only (None went the general
-    path: about 60 us more host time per call)."""
-    t = _UNUSED.get(device.index)
-    if t is None:                   # (never read or written; one made inside a graph capture is not kept)
-        t = C.torch().empty(1, dtype=C.torch().float32, device=device)
-        if not tune.capturing():
-            _UNUSED[device.index] = t
-    return t
 
 
 def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
