@@ -403,11 +403,11 @@ def time_gpu(fn: Callable[[], None], *, warmup: int = 3, reps: int = 20) -> floa
 
 
 def time_graph(fns: Sequence[Callable[[], None]], *, reps: int = 10, warmup: int = 1,
-               fallback: bool = True) -> float:
+               fallback: bool = True, keep: list | None = None) -> float:
     """Median seconds per call of the callables `fns` (e.g. one per rotated weight copy), captured once into a
     CUDA graph that holds the list repeated (>= 20 calls, amortising the replay launch) and replayed `reps`
     times, as a decode step runs them (host launch cost excluded). When capture fails: events if `fallback`,
-    else the error."""
+    else the error. `keep`: a list that receives the captured graph (for more replays of the same work)."""
     import torch
     fns = list(fns)
     for f in fns:                                   # compile / load / tune outside the capture
@@ -437,6 +437,8 @@ def time_graph(fns: Sequence[Callable[[], None]], *, reps: int = 10, warmup: int
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e) * 1e-3 / calls)
+    if keep is not None:
+        keep.append(g)
     del g
     return statistics.median(times)
 

@@ -195,6 +195,78 @@ def test_nvml_without_a_gpu_is_a_note_not_a_crash():
     assert mon.read() == (None, None)
 
 
+# ----------------------------------------------------------------------------- timing method
+class _FakeGraph:
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def _bare_run(monkeypatch, capture_fails=()):
+    """A _Run without a GPU: graph timing faked (a capture failure for the names in capture_fails), the CUDA calls
+    no-ops, the monitor empty."""
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None))
+    run = object.__new__(R._Run)
+    run.torch, run.quick, run.hold_s, run.reps = fake_torch, False, 0.01, 50
+    run.result = {"notes": [], "rows": [], "ceilings": dict(CEIL)}
+    run.monitor = R._NullMonitor("no monitor in this test")
+    log = {"graph": [], "events": [], "graphs": []}
+
+    def time_graph(fns, *, reps, keep=None, warmup=3):
+        name = fns[0].__name__
+        if name in capture_fails:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        log["graph"].append((name, reps))
+        g = _FakeGraph()
+        log["graphs"].append(g)
+        keep.append(g)
+        return 10.0
+
+    def time_rotating(fns, *, graph, reps=50):
+        assert not graph
+        log["events"].append((fns[0].__name__, reps))
+        return 20.0
+
+    monkeypatch.setattr(harness, "time_graph", time_graph)
+    monkeypatch.setattr(harness, "time_rotating", time_rotating)
+    return run, log
+
+
+def _named(name):
+    def f():
+        return None
+    f.__name__ = name
+    return f
+
+
+@pytest.mark.parametrize("M", [1, 256, 512, 16384])
+def test_every_size_is_timed_as_graph_replays_and_held_on_that_graph(monkeypatch, M):
+    """Events time the host's launch path wherever it outlasts the kernel (a Python op at mid-size M): every row is
+    timed as graph replays, and the clock / power hold replays the same graph."""
+    run, log = _bare_run(monkeypatch)
+    us, stats, how = run.measure([_named("torch_matmul")], M, name="torch_matmul")
+    assert (us, how) == (10.0, "graph") and log["events"] == []
+    assert log["graph"] == [("torch_matmul", 50 if M <= R.GRAPH_MAX_M else 10)]
+    assert log["graphs"][0].replays > 0
+    row = run.row("o_proj", M, 4096, 4096, R.BF16, {"torch_matmul": us}, {"torch_matmul": stats},
+                  {"torch_matmul": how})
+    assert row["timing"] == "graph" and "timing_by_impl" not in row
+
+
+def test_a_capture_failure_is_timed_with_events_noted_and_named_in_the_row(monkeypatch):
+    run, log = _bare_run(monkeypatch, capture_fails=("rocjit_gemm_fp8_blockwise",))
+    t, smp, how = {}, {}, {}
+    for name in ("rocjit_gemm_fp8_blockwise", "torch_matmul"):
+        t[name], smp[name], how[name] = run.measure([_named(name)], 4096, name=name)
+    assert how == {"rocjit_gemm_fp8_blockwise": "events", "torch_matmul": "graph"}
+    assert log["events"] == [("rocjit_gemm_fp8_blockwise", 10)]
+    assert any("rocjit_gemm_fp8_blockwise" in n and "events" in n for n in run.result["notes"])
+    row = run.row("o_proj", 4096, 4096, 4096, R.FP8_BLOCK, t, smp, how)
+    assert row["timing"] == "mixed" and row["timing_by_impl"] == how
+
+
 # ----------------------------------------------------------------------------- table and plot
 def synthetic_result():
     r = {"suite": "roofline", "gpu": "NVIDIA H100 80GB HBM3", "commit": "abc1234", "date": "2026-01-01T00:00:00Z",

@@ -47,11 +47,12 @@ def time_events(fn, *, warmup: int = 10, reps: int = 100) -> float:
     return tune.time_gpu(fn, warmup=warmup, reps=reps) * 1e6
 
 
-def time_graph(fns, *, reps: int = 50, warmup: int = 3) -> float:
+def time_graph(fns, *, reps: int = 50, warmup: int = 3, keep: list | None = None) -> float:
     """Median µs per call of the callables `fns` (e.g. one per rotated input set), captured once into a CUDA graph
-    and replayed `reps` times (rocjit.tune.time_graph; a failed capture is an error here, not an event fallback)."""
+    and replayed `reps` times (rocjit.tune.time_graph; a failed capture is an error here, not an event fallback;
+    `keep` receives the graph)."""
     _torch()
-    return tune.time_graph(fns, reps=reps, warmup=warmup, fallback=False) * 1e6
+    return tune.time_graph(fns, reps=reps, warmup=warmup, fallback=False, keep=keep) * 1e6
 
 
 def time_rotating(fns, *, graph: bool, reps: int = 50) -> float:

@@ -17,13 +17,16 @@ alike); on a power-limited GPU the data changes the speed through the clock.
 
 While each case runs, a background thread samples the SM clock and the board power (NVML through nvidia-ml-py,
 or amdsmi on AMD; without either the columns are None and the result carries a note). After its timing each case
-is held busy (back-to-back launches: 0.5 s, 2 s in the zeros rows; --quick 0.1 / 0.5 s) and the samples of the
+is held busy (replays of its timing graph: 0.5 s, 2 s in the zeros rows; --quick 0.1 / 0.5 s) and the samples of the
 last 60% of that hold make the row's min / mean / max, since the board's power reading lags the load.
 % of roofline can pass 100 on zero-rich data: the matmul ceilings are measured on random data.
 
-Timing: CUDA-graph replays for M <= 256 (launch-bound decode shapes), device events beyond; medians; weights
-rotated beyond L2; random inputs except in the zeros rows. cuBLASLt FP8 with M not a multiple of 16 runs on A
-padded to 16 rows when it refuses the real M (the row says `peer_padded_m`); FLOPs count the real M.
+Timing: CUDA-graph replays of the rotated calls at every M (50 replays up to M = 256, 10 beyond), so each row is
+the GPU's time, never an implementation's host launch cost (events would time that wherever it outlasts the
+kernel); one that cannot be captured is timed with events, with a note, and its row names the method per
+implementation (`timing_by_impl`). Medians; weights rotated beyond L2; random inputs except in the zeros rows.
+cuBLASLt FP8 with M not a multiple of 16 runs on A padded to 16 rows when it refuses the real M (the row says
+`peer_padded_m`); FLOPs count the real M.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ QUICK_ROWS = (1, 16, 256, 4096)
 ZEROS_CASES = (("gate_up_proj", 8192), ("down_proj", 8192), ("o_proj", 16384))
 QUICK_ZEROS_CASES = (("gate_up_proj", 4096),)
 DATA = ("random", "sparse50", "sparse90", "zeros")
-GRAPH_MAX_M = 256
+GRAPH_MAX_M = 256          # up to here 50 graph replays per timing (the sweep's reps), beyond it a fifth of that
 SETTLE = 0.4            # the part of each case's hold whose clock / power samples are left out
 SKINNY_MAX_M = 32
 
@@ -369,26 +372,40 @@ class _Run:
             self.result["notes"].append(text)
             print(text, flush=True)
 
-    def _hold(self, fns, seconds):
-        """Keep the GPU on this case for `seconds` (back-to-back launches, synchronized every few calls)."""
+    def _hold(self, fns, seconds, graph=None):
+        """Keep the GPU on this case for `seconds`: replays of its timing graph (the work as timed, no host gap) or,
+        without one, back-to-back launches; synchronized every few replays / calls."""
         torch = self.torch
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            for _ in range(max(1, 32 // len(fns))):
-                for f in fns:
-                    f()
+            if graph is not None:
+                for _ in range(4):
+                    graph.replay()
+            else:
+                for _ in range(max(1, 32 // len(fns))):
+                    for f in fns:
+                        f()
             torch.cuda.synchronize()
 
-    def measure(self, fns, M, hold_s=None):
-        """(median µs, clock / power stats) of the rotated callables: timed first, then held busy for hold_s while
-        the sampler runs; its statistics leave out the first SETTLE of the hold (the readings lag the load)."""
+    def measure(self, fns, M, hold_s=None, name="?"):
+        """(median µs, clock / power stats, "graph" or "events") of the rotated callables: timed first (graph
+        replays; events, with a note, where the capture fails), then held busy for hold_s while the sampler runs; its
+        statistics leave out the first SETTLE of the hold (the readings lag the load)."""
         fns = list(fns)
-        us = H.time_rotating(fns, graph=M <= GRAPH_MAX_M, reps=self.reps if M <= GRAPH_MAX_M else
-                             max(5, self.reps // 5))
+        reps = self.reps if M <= GRAPH_MAX_M else max(5, self.reps // 5)
+        graphs: list = []
+        try:
+            us, how = H.time_graph(fns, reps=reps, keep=graphs), "graph"
+        except Exception as e:  # noqa: BLE001 -- any capture failure: the device events still time the GPU work
+            self.torch.cuda.synchronize()
+            self.note(f"{name}: CUDA-graph capture failed at M={M} ({type(e).__name__}: {e}); timed with events, "
+                      f"which include the host's launch time where it outlasts the kernel")
+            us, how = H.time_rotating(fns, graph=False, reps=reps), "events"
         hold = self.hold_s if hold_s is None else hold_s
         with Sampler(self.monitor, skip_s=SETTLE * hold) as s:
-            self._hold(fns, hold)
-        return us, s.stats()
+            self._hold(fns, hold, graphs[0] if graphs else None)
+        del graphs
+        return us, s.stats(), how
 
     def _scaled_mm_a(self, a8, M):
         """A as cuBLASLt takes it: the real rows, or padded to a multiple of 16 where it refuses them."""
@@ -416,11 +433,11 @@ class _Run:
         f8 = torch.float8_e4m3fn
         ws16, ws8 = wsets
         c16 = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        rows, t, smp = [], {}, {}
+        rows, t, smp, how = [], {}, {}, {}
 
         def go(name, fns):
             try:
-                t[name], smp[name] = self.measure(fns, M, hold_s)
+                t[name], smp[name], how[name] = self.measure(fns, M, hold_s, name)
             except Exception as e:  # a failing implementation is a note, not a lost run
                 self.note(f"{name} failed at {case} M={M} N={N} K={K}: {type(e).__name__}: {e}")
 
@@ -430,7 +447,7 @@ class _Run:
             go("rocjit_gemv", [lambda w=w: ops.gemv(w, x) for w in ws16])
         if rocjit and M <= SKINNY_MAX_M:
             go("rocjit_skinny_gemm", [lambda w=w: ops.skinny_gemm(a_bf16, w) for w in ws16])
-        rows.append(self.row(case, M, N, K, BF16, t, smp, data=data))
+        rows.append(self.row(case, M, N, K, BF16, t, smp, how, data=data))
 
         t, smp = {}, {}
         a8 = a_bf16.to(f8)
@@ -445,7 +462,7 @@ class _Run:
         if rocjit and M <= SKINNY_MAX_M:
             sa, sw = torch.tensor([0.5], device="cuda"), torch.tensor([0.7], device="cuda")
             go("rocjit_skinny_gemm", [lambda w=w: ops.skinny_gemm(a8, w, scale_a=sa, scale_w=sw) for w in ws8])
-        rows.append(self.row(case, M, N, K, FP8, t, smp, data=data,
+        rows.append(self.row(case, M, N, K, FP8, t, smp, how, data=data,
                              **({"peer_padded_m": Mp} if Mp != M else {})))
 
         if rocjit and self.blockwise is not None:
@@ -457,12 +474,15 @@ class _Run:
                 self.note(f"gemm_fp8_blockwise skipped at {case} M={M} N={N} K={K}: {type(e).__name__}: {e}")
             if fns:
                 go("rocjit_gemm_fp8_blockwise", fns)
-                rows.append(self.row(case, M, N, K, FP8_BLOCK, t, smp, data=data))
+                rows.append(self.row(case, M, N, K, FP8_BLOCK, t, smp, how, data=data))
         return rows
 
-    def row(self, case, M, N, K, dtype, t, smp, **extra):
+    def row(self, case, M, N, K, dtype, t, smp, how, **extra):
+        kinds = {how[k] for k in t if k in how}
+        if len(kinds) > 1 or kinds == {"events"}:
+            extra["timing_by_impl"] = {k: how[k] for k in t if k in how}
         row = build_row(case, M, N, K, dtype, t, self.result["ceilings"], samples=smp,
-                        timing="graph" if M <= GRAPH_MAX_M else "events", **extra)
+                        timing=kinds.pop() if len(kinds) == 1 else "mixed" if kinds else "graph", **extra)
         H.add_row(self.result, **{k: row.pop(k) for k in ("case", "shape", "dtype", "ours_us", "peers_us")},
                   floor=row.pop("floor_us"), **row)
         r = self.result["rows"][-1]
@@ -568,6 +588,13 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _short(impl: str) -> str:
+    """A two-line tick label of an implementation: its legend label without the parenthesis, split after the
+    library."""
+    words = LABELS.get(impl, (impl,))[0].split(" (")[0].split(" ", 1)
+    return "\n".join(words)
+
+
 def plot(result: dict, path: str) -> None:
     """Four panels: the roofline (log-log, measured ceilings, one marker per library / rocjit GEMM), % of roofline
     against M, the zeros effect (TFLOP/s, SM clock and power per data kind), and clock / power across the sweep."""
@@ -646,18 +673,21 @@ def plot(result: dict, path: str) -> None:
                 x = gi + (ki - (len(kinds) - 1) / 2) * width
                 ax_zero.bar(x, v, width, color=colors[kind], label=kind if gi == 0 else None)
                 clk, pw = _mean((r.get("sm_clock_MHz") or {}).get(impl)), _mean((r.get("power_W") or {}).get(impl))
-                txt = f"{v:.0f}\n{r['pct_roofline'][impl]:.0f}%"
-                if clk is not None:
-                    txt += f"\n{clk:.0f}MHz"
-                if pw is not None:
-                    txt += f"\n{pw:.0f}W"
-                ax_zero.annotate(txt, (x, v), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
+                # above the bar its TFLOP/s and % of roofline, inside it the mean clock and power (vertical text: a
+                # group's four bars are narrow)
+                ax_zero.annotate(f"{v:.0f} ({r['pct_roofline'][impl]:.0f}%)", (x, v), textcoords="offset points",
+                                 xytext=(0, 2), ha="center", va="bottom", rotation=90, fontsize=6)
+                inside = " ".join(t for t in (f"{clk:.0f} MHz" if clk is not None else None,
+                                              f"{pw:.0f} W" if pw is not None else None) if t)
+                if inside:
+                    ax_zero.text(x, v * 0.04, inside, ha="center", va="bottom", rotation=90, fontsize=6,
+                                 color="white")
         ax_zero.set_xticks(range(len(groups)))
-        ax_zero.set_xticklabels([f"{n}\nM={s[0]} {LABELS.get(i, (i,))[0].split(' (')[0]}" for n, s, i in groups],
-                                fontsize=7)
+        ax_zero.set_xticklabels([f"{n.replace('_proj', '')}\nM={s[0]}\n{_short(i)}" for n, s, i in groups],
+                                fontsize=6)
         ax_zero.set_ylabel("TFLOP/s")
         ax_zero.set_title("the zeros effect: random vs 50% / 90% zeros vs all zeros (A and W)\n"
-                          "(on the bars: TFLOP/s, % of roofline, mean SM clock, mean power)", fontsize=10)
+                          "(above a bar: TFLOP/s (% of roofline); in it: mean SM clock, mean power)", fontsize=10)
         ax_zero.legend(fontsize=8)
         ax_zero.margins(y=0.25)
     else:
