@@ -248,7 +248,7 @@ def test_every_size_is_timed_as_graph_replays_and_held_on_that_graph(monkeypatch
     run, log = _bare_run(monkeypatch)
     us, stats, how = run.measure([_named("torch_matmul")], M, name="torch_matmul")
     assert (us, how) == (10.0, "graph") and log["events"] == []
-    assert log["graph"] == [("torch_matmul", 50 if M <= R.GRAPH_MAX_M else 10)]
+    assert log["graph"] == [("torch_matmul", 50 if M <= R.FULL_REPS_MAX_M else 10)]
     assert log["graphs"][0].replays > 0
     row = run.row("o_proj", M, 4096, 4096, R.BF16, {"torch_matmul": us}, {"torch_matmul": stats},
                   {"torch_matmul": how})

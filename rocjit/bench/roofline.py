@@ -44,7 +44,7 @@ QUICK_ROWS = (1, 16, 256, 4096)
 ZEROS_CASES = (("gate_up_proj", 8192), ("down_proj", 8192), ("o_proj", 16384))
 QUICK_ZEROS_CASES = (("gate_up_proj", 4096),)
 DATA = ("random", "sparse50", "sparse90", "zeros")
-GRAPH_MAX_M = 256          # up to here 50 graph replays per timing (the sweep's reps), beyond it a fifth of that
+FULL_REPS_MAX_M = 256      # up to here each timing takes the sweep's reps (50 replays), beyond it a fifth
 SETTLE = 0.4            # the part of each case's hold whose clock / power samples are left out
 SKINNY_MAX_M = 32
 
@@ -392,7 +392,7 @@ class _Run:
         replays; events, with a note, where the capture fails), then held busy for hold_s while the sampler runs; its
         statistics leave out the first SETTLE of the hold (the readings lag the load)."""
         fns = list(fns)
-        reps = self.reps if M <= GRAPH_MAX_M else max(5, self.reps // 5)
+        reps = self.reps if M <= FULL_REPS_MAX_M else max(5, self.reps // 5)
         graphs: list = []
         try:
             us, how = H.time_graph(fns, reps=reps, keep=graphs), "graph"
