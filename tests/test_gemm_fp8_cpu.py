@@ -302,3 +302,36 @@ def test_decode_candidates_cover_small_m_on_nvidia_only():
                  ("sm_90a", 4, 7168, 16384, 132, False, True), ("sm_80", 4, 7168, 16384, 108, False, False),
                  ("gfx942", 4, 7168, 16384, 304, False, False)):
         assert G.decode_candidates(*args) == [], args
+
+
+@pytest.mark.parametrize("tokens, k_in, n_out", [(8192, 4096, 14336), (1000, 4096, 14336), (384, 1536, 4096)])
+def test_fp8_linear_scales_reach_the_tma_kernel_without_a_copy(tokens, k_in, n_out):
+    """FP8Linear hands every GEMM its scales as the quantizers return them (quantize_fp8_dual's s_row, and with
+    transpose_col=True its s_col, passed through .t() views as rocjit.nn does); the TMA kernel bulk-copies each K
+    block's scales from M-major memory, so none of the three products may need the copy _k_block_rows makes for
+    other layouts (one gather kernel per call). Layouts from the quantizers' fake implementations, which allocate as
+    the real ones do."""
+    from rocjit.ops import quant
+    fake_dual = quant._dual_op()[1]
+    fmt = "e4m3fn"
+    x = torch.empty(tokens, k_in, dtype=torch.bfloat16)
+    gy = torch.empty(tokens, n_out, dtype=torch.bfloat16)
+    _, xs, _, xs_t = fake_dual(x, fmt, True)
+    _, gs, _, gs_t = fake_dual(gy, fmt, True)
+
+    def untouched(s, rows, K):
+        return G._k_block_rows(s, rows, K)[0] is s[0]
+
+    # forward NT: a = x [tokens, k_in], per-row A scales xs; B scales per 128 x 128 tile (not bulk-copied per row)
+    sa, _ = G._scales(xs, torch.ones(-(-n_out // 128), -(-k_in // 128)), "NT")
+    assert untouched(sa, tokens, k_in)
+    # dgrad NN: a = dy [tokens, n_out], per-row A scales gs
+    sa, _ = G._scales(gs, torch.ones(-(-n_out // 128), -(-k_in // 128)).t(), "NN")
+    assert untouched(sa, tokens, n_out)
+    # wgrad TN: a = dy as [K = tokens, M = n_out] (a_scale gs_t.t()), b = x as [K = tokens, N = k_in] with per-row B
+    # scales (b_scale xs_t.t())
+    sa, sb = G._scales(gs_t.t(), xs_t.t(), "TN")
+    assert untouched(sa, n_out, tokens) and untouched(sb, k_in, tokens)
+    # and a layout that is not M-major is copied (the check can fail)
+    rowmajor = torch.ones(n_out, -(-tokens // 128))
+    assert not untouched(G._scales(rowmajor.t(), xs_t.t(), "TN")[0], n_out, tokens)
