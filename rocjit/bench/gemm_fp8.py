@@ -7,11 +7,15 @@ shape (each of our layouts gets its operands K-major from the quantizers, as the
 has cuBLASLt's peer for its own recipe, 1 x 128 scales on both operands (cublaslt_blockwise_1x128_1x128), its
 operands quantized as FP8Linear's backward quantizes them.
 Plus the training-step row: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear vs
-bf16 torch.nn.Linear. Shapes <= 256 rows are timed as CUDA-graph replays, larger ones with events in ROUNDS rounds
-that take every implementation of the shape in turn (the order reversed every other round; each one's median over
-the rounds): timed one after the other, the later ones ran on a hotter, lower-clocked GPU (H100, 8192^3: the same
-NT call 1221 -> 1046 TFLOP/s over four consecutive timings, and NN, the same kernel timed right after NT, 7 - 12%
-slower than NT in single-pass runs).
+bf16 torch.nn.Linear. Every product is timed as CUDA-graph replays, so the rows are GPU time: events around eager
+calls timed the op's Python launch path wherever it outlasted the kernel (an H200 host that launched slowly read the
+op at 147 us for a 116 us kernel at 4096^3). Shapes > 256 rows are timed in ROUNDS rounds that take every
+implementation of the shape in turn (the order reversed every other round; each one's median over the rounds):
+timed one after the other, the later ones ran on a hotter, lower-clocked GPU (H100, 8192^3: the same NT call 1221 ->
+1046 TFLOP/s over four consecutive timings, and NN, the same kernel timed right after NT, 7 - 12% slower than NT in
+single-pass runs). An implementation that cannot be captured is timed with events, and a note says so.
+The host_cost row is the host's side: µs per repeated eager call (no synchronize inside the loop, the GPU work short
+enough that the launch queue never fills) of the op, cuBLASLt blockwise and bf16 torch.matmul at 128 x 2112 x 7168.
 On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT
 products of >= 128 rows, its output compared with the op's, as rows gemm_fp8_blockwise_NT_wgmma_<config> (the op
 offers these configs to its tuner there unless ROCJIT_GEMM_FP8_SM90=0; the rows show each tile on its own)."""
@@ -48,23 +52,56 @@ def _cublaslt(torch):
     return run
 
 
-def _time(fn, M, torch):
-    if M <= 256:
-        return H.time_rotating([fn], graph=True)
-    return H.time_events(fn, warmup=5, reps=30)
+def _time(fn, M, torch, events: set, key=None, result=None):
+    """µs per call of fn as graph replays (50 for small M, 3 of at least 20 calls each for large M); where the capture
+    fails, events around single calls, `key` added to `events` and a note to `result`."""
+    try:
+        return H.time_graph([fn], reps=50 if M <= 256 else 3, warmup=3 if M <= 256 else 1)
+    except Exception as e:  # noqa: BLE001 -- any capture failure: events still time the GPU work
+        if torch is not None:
+            torch.cuda.synchronize()
+        if key not in events and result is not None:
+            result.setdefault("notes", []).append(f"{key} at M={M}: CUDA-graph capture failed ({type(e).__name__}: "
+                                                  f"{e}); timed with events"[:300])
+        events.add(key)
+        return H.time_events(fn, warmup=3, reps=20)
 
 
-def _time_all(fns: dict, M, torch) -> dict:
-    """µs of each of a shape's implementations: graph replays one after the other for small M, else ROUNDS rounds of
-    events over all of them in turn (order reversed every other round), the median of each one's rounds."""
+def _time_all(fns: dict, M, torch, events: set | None = None, result=None) -> dict:
+    """µs of each of a shape's implementations (graph replays, see _time): one after the other for small M, else
+    ROUNDS rounds over all of them in turn (order reversed every other round), the median of each one's rounds.
+    Keys timed with events instead are added to `events`."""
+    events = set() if events is None else events
     if M <= 256:
-        return {k: _time(f, M, torch) for k, f in fns.items()}
+        return {k: _time(f, M, torch, events, k, result) for k, f in fns.items()}
     got = {k: [] for k in fns}
     names = list(fns)
     for r in range(ROUNDS):
         for k in (names if r % 2 == 0 else names[::-1]):
-            got[k].append(H.time_events(fns[k], warmup=3, reps=20))
+            got[k].append(_time(fns[k], M, torch, events, k, result))
     return {k: statistics.median(v) for k, v in got.items()}
+
+
+def _host_cost(result, torch, Q, op, lt):
+    """Host µs per repeated eager call at 128 x 2112 x 7168 (NT; about 11 µs of GPU work): the op, cuBLASLt
+    blockwise (where this torch has it) and bf16 torch.matmul, interleaved over rounds (rocjit.bench.decode.host_us)."""
+    from rocjit.bench.decode import host_us
+    M, N, K = 128, 2112, 7168
+    x, w, xq, xs, wq, ws, _ = _operands(M, N, K, torch, Q)
+    fns = {"ours": lambda: op(xq, xs, wq, ws)}
+    if lt is not None:
+        xs_cm, ws_t = xs.t().contiguous().t(), ws.t()
+        fns["cublaslt_blockwise"] = lambda: lt(xq, xs_cm, wq, ws_t)
+    wt = w.t().contiguous().t()
+    fns["torch_matmul_bf16"] = lambda: torch.matmul(x, wt.t())
+    for f in fns.values():          # tuning, compiles and the op's repeated-call entry stay out
+        f()
+        f()
+    torch.cuda.synchronize()
+    t = host_us(fns)
+    ours = t.pop("ours")
+    row = H.add_row(result, "host_cost_NT", (M, N, K), "e4m3-bf16", ours, t, None, timing="host")
+    print(row, flush=True)
 
 
 def run(argv) -> dict:
@@ -118,7 +155,8 @@ def run(argv) -> dict:
         fns.update({("ours", k): f for k, f in layouts.items()})
         if tn_peer is not None:                         # cuBLASLt with TN's own scale recipe
             fns[("peer", "cublaslt_blockwise_1x128_1x128")] = tn_peer
-        times = _time_all(fns, M, torch)
+        events: set = set()
+        times = _time_all(fns, M, torch, events, result)
         peers = {k: times[("peer", k)] for k in peer_fns}
         for lay in layouts:
             us = times[("ours", lay)]
@@ -126,13 +164,15 @@ def run(argv) -> dict:
             if lay == "TN" and tn_peer is not None:
                 row_peers["cublaslt_blockwise_1x128_1x128"] = times[("peer", "cublaslt_blockwise_1x128_1x128")]
             row = H.add_row(result, f"gemm_fp8_blockwise_{lay}", (M, N, K), "e4m3-bf16", us, row_peers,
-                            flops / (peak * 1e12) * 1e6 if peak else None, timing="graph" if M <= 256 else "events",
+                            flops / (peak * 1e12) * 1e6 if peak else None,
+                            timing="events" if ("ours", lay) in events else "graph",
                             tflops=flops / us / 1e6,
                             peers_tflops={p: flops / v / 1e6 for p, v in row_peers.items() if v},
                             pct_dense_peak=100 * flops / us / 1e6 / peak if peak else None)
             print(row, flush=True)
         torch.cuda.empty_cache()
 
+    _host_cost(result, torch, Q, gemm_fp8_blockwise, lt)
     _training_step(result, quick, torch)
     return result
 
