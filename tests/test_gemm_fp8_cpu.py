@@ -285,7 +285,7 @@ def test_bench_times_a_shapes_implementations_in_alternating_rounds(monkeypatch)
     monkeypatch.setattr(B.H, "time_events", lambda *a, **k: pytest.fail("large shapes are graph-timed"))
     monkeypatch.setattr(B, "ROUNDS", 3)
     events = set()
-    got = B._time_all({k: (lambda k=k: k) for k in "abc"}, 4096, None, events)
+    got = B._time_all({k: [lambda k=k: k] for k in "abc"}, 4096, None, events)
     assert calls == list("abc") + list("cba") + list("abc")
     assert got == {"a": 3.0, "b": 4.0, "c": 7.0} and events == set()
 
@@ -304,7 +304,7 @@ def test_bench_times_with_events_only_where_capture_fails_and_says_so(monkeypatc
     monkeypatch.setattr(B.H, "time_events", lambda fn, warmup, reps: 2.0)
     monkeypatch.setattr(B, "ROUNDS", 3)
     events, result = set(), {}
-    got = B._time_all({k: (lambda k=k: k) for k in ("fine", "uncapturable")}, M, None, events, result)
+    got = B._time_all({k: [lambda k=k: k] for k in ("fine", "uncapturable")}, M, None, events, result)
     assert got == {"fine": 1.0, "uncapturable": 2.0} and events == {"uncapturable"}
     assert len(result["notes"]) == 1 and "uncapturable" in result["notes"][0] and "events" in result["notes"][0]
 
@@ -356,3 +356,23 @@ def test_fp8_linear_scales_reach_the_tma_kernel_without_a_copy(tokens, k_in, n_o
     # and a layout that is not M-major is copied (the check can fail)
     rowmajor = torch.ones(n_out, -(-tokens // 128))
     assert not untouched(G._scales(rowmajor.t(), xs_t.t(), "TN")[0], n_out, tokens)
+
+
+@pytest.mark.parametrize("M, sets", [(1, 5), (128, 5), (256, 5), (4096, 1)])
+def test_bench_streams_the_weights_of_decode_sized_products(M, sets):
+    """Products of <= 256 rows run over copies of the weight whose one pass exceeds twice the L2 (2112 x 7168: 15 MB
+    in FP8, 30 MB in bf16, an L2 of 50 MB: 5 sets), each with its own memory and the same values; larger ones over
+    the weight itself."""
+    from rocjit.bench import gemm_fp8 as B
+    N, K = 2112, 7168
+    w = torch.randn(N, K, dtype=torch.bfloat16)
+    wq, ws = w.to(F8), torch.rand(-(-N // 128), -(-K // 128))
+    qsets, wts = B._weight_sets(w, wq, ws, M, N, K, l2_bytes=50 << 20)
+    assert len(qsets) == len(wts) == sets
+    assert qsets[0][0] is wq and qsets[0][1] is ws
+    assert len({q.data_ptr() for q, _ in qsets}) == len({sc.data_ptr() for _, sc in qsets}) == sets
+    assert len({t.data_ptr() for t in wts}) == sets
+    for q, sc in qsets:
+        assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8)) and torch.equal(sc, ws)
+    for t in wts:      # K-major: the bf16 peer multiplies by t.t(), a contiguous [K, N]
+        assert torch.equal(t, w) and t.t().is_contiguous()

@@ -13,7 +13,8 @@ op at 147 us for a 116 us kernel at 4096^3). Shapes > 256 rows are timed in ROUN
 implementation of the shape in turn (the order reversed every other round; each one's median over the rounds):
 timed one after the other, the later ones ran on a hotter, lower-clocked GPU (H100, 8192^3: the same NT call 1221 ->
 1046 TFLOP/s over four consecutive timings, and NN, the same kernel timed right after NT, 7 - 12% slower than NT in
-single-pass runs). An implementation that cannot be captured is timed with events, and a note says so.
+single-pass runs). An implementation that cannot be captured is timed with events, and a note says so. Products of
+<= 256 rows run over copies of the weight beyond L2 (_weight_sets), as the skinny GEMMs are measured.
 The host_cost row is the host's side: µs per repeated eager call (no synchronize inside the loop, the GPU work short
 enough that the launch queue never fills) of the op, cuBLASLt blockwise and bf16 torch.matmul at 128 x 2112 x 7168.
 On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT
@@ -52,11 +53,13 @@ def _cublaslt(torch):
     return run
 
 
-def _time(fn, M, torch, events: set, key=None, result=None):
-    """µs per call of fn as graph replays (50 for small M, 3 of at least 20 calls each for large M); where the capture
-    fails, events around single calls, `key` added to `events` and a note to `result`."""
+def _time(fns, M, torch, events: set, key=None, result=None):
+    """µs per call of the callables `fns` (one per weight set, see run) as graph replays (50 for small M, 3 of at
+    least 20 calls each for large M); where the capture fails, events around passes over them, `key` added to
+    `events` and a note to `result`."""
+    fns = list(fns)
     try:
-        return H.time_graph([fn], reps=50 if M <= 256 else 3, warmup=3 if M <= 256 else 1)
+        return H.time_graph(fns, reps=50 if M <= 256 else 3, warmup=3 if M <= 256 else 1)
     except Exception as e:  # noqa: BLE001 -- any capture failure: events still time the GPU work
         if torch is not None:
             torch.cuda.synchronize()
@@ -64,11 +67,12 @@ def _time(fn, M, torch, events: set, key=None, result=None):
             result.setdefault("notes", []).append(f"{key} at M={M}: CUDA-graph capture failed ({type(e).__name__}: "
                                                   f"{e}); timed with events"[:300])
         events.add(key)
-        return H.time_events(fn, warmup=3, reps=20)
+        return H.time_events(lambda: [f() for f in fns], warmup=3, reps=20) / len(fns)
 
 
 def _time_all(fns: dict, M, torch, events: set | None = None, result=None) -> dict:
-    """µs of each of a shape's implementations (graph replays, see _time): one after the other for small M, else
+    """µs of each of a shape's implementations (lists of callables, graph replays: see _time): one after the other
+    for small M, else
     ROUNDS rounds over all of them in turn (order reversed every other round), the median of each one's rounds.
     Keys timed with events instead are added to `events`."""
     events = set() if events is None else events
@@ -80,6 +84,15 @@ def _time_all(fns: dict, M, torch, events: set | None = None, result=None) -> di
         for k in (names if r % 2 == 0 else names[::-1]):
             got[k].append(_time(fns[k], M, torch, events, k, result))
     return {k: statistics.median(v) for k, v in got.items()}
+
+
+def _weight_sets(w, wq, ws, M, N, K, l2_bytes=None):
+    """The weight operand sets each implementation of a product runs over: ([(FP8 weight, its scales)], [the bf16
+    peer's weight, K-major]). Products of decode and prefill-chunk size (<= 256 rows) read their weights from memory,
+    as in a model, so they get copies whose one pass exceeds twice the L2 (a single copy under 50 MB stayed in L2
+    between graph replays, for rocjit and its peers alike); larger products get the weight itself."""
+    rot = H.rotation_count(N * K * 2, l2_bytes=l2_bytes) if M <= 256 else 1
+    return [(wq, ws)] + [(wq.clone(), ws.clone()) for _ in range(rot - 1)], [w.t().contiguous().t() for _ in range(rot)]
 
 
 def _host_cost(result, torch, Q, op, lt):
@@ -122,6 +135,7 @@ def run(argv) -> dict:
     for M, N, K in cases + decode:
         x, w, xq, xs, wq, ws, wq_t = _operands(M, N, K, torch, Q)
         flops = 2.0 * M * N * K
+        qsets, wts = _weight_sets(w, wq, ws, M, N, K)
         peer_fns = {}
         if lt is not None:
             try:
@@ -130,31 +144,33 @@ def run(argv) -> dict:
                 got = lt(xq, xs_cm, wq, ws_t)
                 ref = gemm_fp8_blockwise(xq, xs, wq, ws)
                 if torch.allclose(got.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().max().item()):
-                    peer_fns["cublaslt_blockwise"] = lambda: lt(xq, xs_cm, wq, ws_t)
+                    peer_fns["cublaslt_blockwise"] = [lambda q=q, sc=sc: lt(xq, xs_cm, q, sc.t()) for q, sc in qsets]
                 else:
                     result.setdefault("notes", []).append(f"cuBLASLt blockwise disagrees at {M}x{N}x{K}: not timed")
             except Exception as e:     # shapes this cuBLASLt refuses (e.g. M not a multiple of 16 on some builds)
                 result.setdefault("notes", []).append(f"cuBLASLt blockwise {M}x{N}x{K}: {type(e).__name__}: {e}"[:200])
-        wt = w.t().contiguous().t()
-        peer_fns["torch_matmul_bf16"] = lambda: torch.matmul(x, wt.t())
-        layouts = {"NT": lambda: gemm_fp8_blockwise(xq, xs, wq, ws)}
+        peer_fns["torch_matmul_bf16"] = [lambda wt=wt: torch.matmul(x, wt.t()) for wt in wts]
+        layouts = {"NT": [lambda q=q, sc=sc: gemm_fp8_blockwise(xq, xs, q, sc) for q, sc in qsets]}
         tn_peer = None
         if M >= 128:    # the backward layouts of training shapes (decode has no backward)
             # dgrad NN: C[M, N] = G[M, K] . B[K, N], B = W^T as a view of K-major memory
-            layouts["NN"] = lambda: gemm_fp8_blockwise(xq, xs, wq.t(), ws.t(), layout="NN")
+            layouts["NN"] = [lambda q=q, sc=sc: gemm_fp8_blockwise(xq, xs, q.t(), sc.t(), layout="NN")
+                             for q, sc in qsets]
             # wgrad TN: C[M, N] = A[K, M]^T . B[K, N], 1 x 128 scales along K (tokens) on both sides, the
-            # operands quantized as FP8Linear's backward does (quantize_fp8_dual(transpose_col=True))
+            # operands quantized as FP8Linear's backward does (quantize_fp8_dual(transpose_col=True)); both are
+            # activations (gradients and inputs), one set of them
             tn = _wgrad_operands(M, N, K, torch, Q)
-            layouts["TN"] = lambda: gemm_fp8_blockwise(tn[0].t(), tn[1].t(), tn[2].t(), tn[3].t(), layout="TN")
-            tn_peer = _cublaslt_1x128_1x128(result, tn, layouts["TN"], M, N, K, torch)
+            layouts["TN"] = [lambda: gemm_fp8_blockwise(tn[0].t(), tn[1].t(), tn[2].t(), tn[3].t(), layout="TN")]
+            tn_peer = _cublaslt_1x128_1x128(result, tn, layouts["TN"][0], M, N, K, torch)
         if M >= 128:
-            layouts.update(_wgmma_rows(result, xq, xs, wq, ws, M, N, K, layouts["NT"], torch))
-        for fn in layouts.values():
-            fn()
+            layouts.update(_wgmma_rows(result, xq, xs, qsets, M, N, K, layouts["NT"][0], torch))
+        for impl in layouts.values():
+            for fn in impl:
+                fn()
         fns = {("peer", k): f for k, f in peer_fns.items()}
         fns.update({("ours", k): f for k, f in layouts.items()})
         if tn_peer is not None:                         # cuBLASLt with TN's own scale recipe
-            fns[("peer", "cublaslt_blockwise_1x128_1x128")] = tn_peer
+            fns[("peer", "cublaslt_blockwise_1x128_1x128")] = [tn_peer]
         events: set = set()
         times = _time_all(fns, M, torch, events, result)
         peers = {k: times[("peer", k)] for k in peer_fns}
@@ -216,9 +232,9 @@ def _cublaslt_1x128_1x128(result, tn, ours, M, N, K, torch):
     return None
 
 
-def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):
-    """{'NT_wgmma_<cfg>' / 'NT_tma_<cfg>': launch} for each config of the two sm_90a kernels whose output matches the op's NT output (one that
-    disagrees or fails is not timed; a note says so)."""
+def _wgmma_rows(result, xq, xs, qsets, M, N, K, op_nt, torch):
+    """{'NT_wgmma_<cfg>' / 'NT_tma_<cfg>': [a launch per weight set of qsets]} for each config of the two sm_90a
+    kernels whose output matches the op's NT output (one that disagrees or fails is not timed; a note says so)."""
     from rocjit.ops import _gemm
     from rocjit.ops import gemm_fp8 as G
     target = _gemm._device(xq.device.index or 0)[0]
@@ -226,15 +242,17 @@ def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):
         return {}
     ref = op_nt().float()
     tol = 2e-2 * ref.abs().max().item()
-    a_km, b_km, sa, sb = xq.view(torch.uint8), wq.view(torch.uint8), G._strided(xs), G._strided(ws)
+    a_km, sa = xq.view(torch.uint8), G._strided(xs)
+    bsets = [(q.view(torch.uint8), G._strided(sc)) for q, sc in qsets]
     out = {}
     for cfg in G.candidates(target, G._smem_limit(xq.device.index or 0), sm90=True):
         if cfg.get("kernel") not in ("sm90", "tma"):
             continue
         c = torch.full((M, N), float("nan"), device=xq.device, dtype=torch.bfloat16)
-        fn = (lambda cfg=cfg, c=c: G._launch(cfg, c, a_km, b_km, sa, sb, M, N, K, False, False))
+        fns = [lambda cfg=cfg, c=c, b_km=b_km, sb=sb: G._launch(cfg, c, a_km, b_km, sa, sb, M, N, K, False, False)
+               for b_km, sb in bsets]
         try:
-            fn()
+            fns[0]()
             bad = int(((c.float() - ref).abs() > tol).sum()) + int(c.isnan().sum())
         except Exception as e:
             bad = f"{type(e).__name__}: {e}"[:200]
@@ -244,7 +262,7 @@ def _wgmma_rows(result, xq, xs, wq, ws, M, N, K, op_nt, torch):
         kind = "tma" if cfg["kernel"] == "tma" else "wgmma"
         tail = ("ws" if cfg.get("ws") else "") + ("p" if cfg.get("pipe") else "") + \
             (f"c{cfg['cluster']}" if cfg.get("cluster", 1) > 1 else "")
-        out[f"NT_{kind}_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{tail}"] = fn
+        out[f"NT_{kind}_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{tail}"] = fns
     return out
 
 
