@@ -382,7 +382,7 @@ def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
     # persistent: at most one block per multiprocessor (pairs of them with clusters), each walking its tiles
     units = C.ceil_div(M, bm) * C.ceil_div(N, bn * cluster) * cfg.get("splits", 1)
     grid = min(units, G._device(dev)[2] // cluster) * cluster
-    return C.module(SRC_SM90)[name][grid, 512 if bm == 192 else 384]
+    return C.module(SRC_SM90)[name][grid, threads(cfg, "sm_90a")]
 
 
 def _k_block_rows(s, R, K):
