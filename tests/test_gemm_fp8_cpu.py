@@ -277,15 +277,15 @@ def test_bench_times_a_shapes_implementations_in_alternating_rounds(monkeypatch)
     calls = []
     fake = {"a": [5.0, 1.0, 3.0], "b": [2.0, 9.0, 4.0], "c": [7.0, 7.0, 1.0]}
 
-    def time_graph(fns, reps, warmup):
+    def time_graph(fns, reps, warmup, keep=None):
         name = fns[0]()
         calls.append(name)
         return fake[name][sum(1 for c in calls if c == name) - 1]
     monkeypatch.setattr(B.H, "time_graph", time_graph)
-    monkeypatch.setattr(B.H, "time_events", lambda *a, **k: pytest.fail("large shapes are graph-timed"))
+    monkeypatch.setattr(B.H, "time_rotating", lambda *a, **k: pytest.fail("large shapes are graph-timed"))
     monkeypatch.setattr(B, "ROUNDS", 3)
     events = set()
-    got = B._time_all({k: [lambda k=k: k] for k in "abc"}, 4096, None, events)
+    got = B._time_all({k: [lambda k=k: k] for k in "abc"}, 4096, events)
     assert calls == list("abc") + list("cba") + list("abc")
     assert got == {"a": 3.0, "b": 4.0, "c": 7.0} and events == set()
 
@@ -296,15 +296,15 @@ def test_bench_times_with_events_only_where_capture_fails_and_says_so(monkeypatc
     kernel); an implementation whose capture fails falls back to events, its key recorded and a note written once."""
     from rocjit.bench import gemm_fp8 as B
 
-    def time_graph(fns, reps, warmup):
+    def time_graph(fns, reps, warmup, keep=None):
         if fns[0]() == "uncapturable":
             raise RuntimeError("operation not permitted when stream is capturing")
         return 1.0
     monkeypatch.setattr(B.H, "time_graph", time_graph)
-    monkeypatch.setattr(B.H, "time_events", lambda fn, warmup, reps: 2.0)
+    monkeypatch.setattr(B.H, "time_rotating", lambda fns, graph, reps=50: 2.0)
     monkeypatch.setattr(B, "ROUNDS", 3)
     events, result = set(), {}
-    got = B._time_all({k: [lambda k=k: k] for k in ("fine", "uncapturable")}, M, None, events, result)
+    got = B._time_all({k: [lambda k=k: k] for k in ("fine", "uncapturable")}, M, events, result)
     assert got == {"fine": 1.0, "uncapturable": 2.0} and events == {"uncapturable"}
     assert len(result["notes"]) == 1 and "uncapturable" in result["notes"][0] and "events" in result["notes"][0]
 

@@ -53,36 +53,32 @@ def _cublaslt(torch):
     return run
 
 
-def _time(fns, M, torch, events: set, key=None, result=None):
+def _time(fns, M, events: set, key=None, result=None):
     """µs per call of the callables `fns` (one per weight set, see run) as graph replays (50 for small M, 3 of at
-    least 20 calls each for large M); where the capture fails, events around passes over them, `key` added to
-    `events` and a note to `result`."""
-    fns = list(fns)
-    try:
-        return H.time_graph(fns, reps=50 if M <= 256 else 3, warmup=3 if M <= 256 else 1)
-    except Exception as e:  # noqa: BLE001 -- any capture failure: events still time the GPU work
-        if torch is not None:
-            torch.cuda.synchronize()
+    least 20 calls each for large M); where the capture fails, events (harness.time_graph_or_events), `key` added to
+    `events` and a note, once, to `result`."""
+    def note(text):
         if key not in events and result is not None:
-            result.setdefault("notes", []).append(f"{key} at M={M}: CUDA-graph capture failed ({type(e).__name__}: "
-                                                  f"{e}); timed with events"[:300])
+            result.setdefault("notes", []).append(f"{key} at M={M}: {text}"[:300])
+    us, how = H.time_graph_or_events(fns, reps=50 if M <= 256 else 3, warmup=3 if M <= 256 else 1, note=note)
+    if how == "events":
         events.add(key)
-        return H.time_events(lambda: [f() for f in fns], warmup=3, reps=20) / len(fns)
+    return us
 
 
-def _time_all(fns: dict, M, torch, events: set | None = None, result=None) -> dict:
+def _time_all(fns: dict, M, events: set | None = None, result=None) -> dict:
     """µs of each of a shape's implementations (lists of callables, graph replays: see _time): one after the other
     for small M, else
     ROUNDS rounds over all of them in turn (order reversed every other round), the median of each one's rounds.
     Keys timed with events instead are added to `events`."""
     events = set() if events is None else events
     if M <= 256:
-        return {k: _time(f, M, torch, events, k, result) for k, f in fns.items()}
+        return {k: _time(f, M, events, k, result) for k, f in fns.items()}
     got = {k: [] for k in fns}
     names = list(fns)
     for r in range(ROUNDS):
         for k in (names if r % 2 == 0 else names[::-1]):
-            got[k].append(_time(fns[k], M, torch, events, k, result))
+            got[k].append(_time(fns[k], M, events, k, result))
     return {k: statistics.median(v) for k, v in got.items()}
 
 
@@ -172,7 +168,7 @@ def run(argv) -> dict:
         if tn_peer is not None:                         # cuBLASLt with TN's own scale recipe
             fns[("peer", "cublaslt_blockwise_1x128_1x128")] = [tn_peer]
         events: set = set()
-        times = _time_all(fns, M, torch, events, result)
+        times = _time_all(fns, M, events, result)
         peers = {k: times[("peer", k)] for k in peer_fns}
         for lay in layouts:
             us = times[("ours", lay)]

@@ -394,13 +394,7 @@ class _Run:
         fns = list(fns)
         reps = self.reps if M <= FULL_REPS_MAX_M else max(5, self.reps // 5)
         graphs: list = []
-        try:
-            us, how = H.time_graph(fns, reps=reps, keep=graphs), "graph"
-        except Exception as e:  # noqa: BLE001 -- any capture failure: the device events still time the GPU work
-            self.torch.cuda.synchronize()
-            self.note(f"{name}: CUDA-graph capture failed at M={M} ({type(e).__name__}: {e}); timed with events, "
-                      f"which include the host's launch time where it outlasts the kernel")
-            us, how = H.time_rotating(fns, graph=False, reps=reps), "events"
+        us, how = H.time_graph_or_events(fns, reps=reps, keep=graphs, note=lambda t: self.note(f"{name} at M={M}: {t}"))
         hold = self.hold_s if hold_s is None else hold_s
         with Sampler(self.monitor, skip_s=SETTLE * hold) as s:
             self._hold(fns, hold, graphs[0] if graphs else None)
