@@ -185,15 +185,15 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 
 
 # (SLABS, WG, KB) of skinny_tma_kernel: 64 * SLABS * WG weight rows per tile, WG multiplying warpgroups, KB
-# 128-byte boxes of K per chunk. It is a candidate above 16 activation rows only. On an H100 (FP8, weights rotated
-# beyond L2) it ran 13312 x 16384 at M = 32 in 86 us against 88.5 for the best mma.sync config (cuBLASLt 81.7), but
-# lost everywhere else: 82.5-87 us against 73.6 at M = 1, 22-27 us against 15 at 2304 x 16384. TMA streams these
-# weights at 2.5-2.65 TB/s where the lanes' own 16-byte loads reach 2.75-3.0 (ncu: 76% against 82% of DRAM peak):
-# a 128B-swizzled box reads 128 bytes of each row per copy, the loads 512 contiguous bytes per row. Not the box: the
-# same kernel with the copy warpgroup's lanes moving the weights by cp.async (512 contiguous bytes of a row per warp
-# instruction, into the same swizzled ring, every L2 hint of the lanes' loads) was no faster on an H200 (FP8, one
-# run, best of 5 tiles: 13312 x 16384 at M = 1 62.8 us against 55.7 for the mma.sync kernel, at M = 32 84.5
-# against 73.8; 16384 x 6656 38 against 28.6 at M = 1). ncu: L2 throughput 72 - 82% at 55 - 73% of DRAM peak.
+# 128-byte boxes of K per chunk. It is a tuner candidate above 16 activation rows (ROCJIT_SKINNY_TMA=0 leaves it
+# out). What held it back was its epilogue, not its weight stream: TMA alone (no math) streams 13312 x 16384 at
+# 3.9 - 4.19 TB/s on an H200 (93 - 99% of copy) for every box shape, ring depth and block count tried, and the
+# kernel with its fix-up and epilogue left out ran 53.5 us at M = 32 (cuBLASLt: 54 - 60). Its epilogue loaded the
+# tile's scales after the main loop, under the full weight stream (6.5 us); they now ride in the stage that ends a
+# segment. H200, FP8, weights rotated beyond L2, M = 32: 13312 x 16384 63.6 us against 76.9 for the best other
+# config (cuBLASLt 59.3), 16384 x 6656 38.5 against 40.1 (cuBLASLt 28.3); slower at 2304 x 16384 (21.5 against
+# 17.8) and at M <= 16 (61 against 57.9 at M = 16). The remaining gap to the bare stream there is the stores (2 bytes
+# each, ~5 us) and the stream-K fix-up (~1 - 5 us).
 _TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
 _TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
 TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip
@@ -210,15 +210,21 @@ def tma_rows(M: int) -> int:
     return 8 if M <= 8 else 16 if M <= 16 else 32
 
 
+def tma_stage_bytes(M: int, cfg: dict) -> int:
+    """Shared memory of one skinny_tma_kernel stage: KB boxes of its weight and activation rows, and their scales."""
+    rows = 64 * cfg["slabs"] * cfg["wg"] + tma_rows(M)
+    return cfg["kb"] * 128 * rows + 4 * rows
+
+
 def tma_stages(M: int, cfg: dict) -> int:
-    rows = 64 * cfg["slabs"] * cfg["wg"]
-    return min(8, _TMA_SMEM // (cfg["kb"] * 128 * (rows + tma_rows(M))))
+    return min(8, _TMA_SMEM // tma_stage_bytes(M, cfg))
 
 
 def tma_enabled() -> bool:
-    """Whether the tuner also times skinny_tma_kernel: only with ROCJIT_SKINNY_TMA=1 (it lost to the other paths at
-    every seed shape but one, and records no eager plan; see _TMA_SHAPES)."""
-    return os.environ.get("ROCJIT_SKINNY_TMA", "0") == "1"
+    """Whether the tuner also times skinny_tma_kernel (see _TMA_SHAPES): unless ROCJIT_SKINNY_TMA=0. A tensor map is
+    encoded for the weight on every call, so this path records no eager plan (its eager calls take the slower
+    launch path; graph replays and torch.compile do not see it)."""
+    return os.environ.get("ROCJIT_SKINNY_TMA", "1") != "0"
 
 
 def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
@@ -495,7 +501,7 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     call.bind_stream()
     call.launch(_kernel(SRC, name), grid, (wg + 1) * 128, tmap, a, out, ws, tickets, residual, out_scale, scale_a,
                 scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1],
-                shared_mem=1024 + stages * kb * 128 * (rows + nb) + 16 * stages)
+                shared_mem=1024 + stages * tma_stage_bytes(M, cfg) + 16 * stages)
     return out
 
 
