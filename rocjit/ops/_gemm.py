@@ -185,8 +185,8 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 
 
 # (SLABS, WG, KB) of skinny_tma_kernel: 64 * SLABS * WG weight rows per tile, WG multiplying warpgroups, KB
-# 128-byte boxes of K per chunk. It is a tuner candidate above 16 activation rows (ROCJIT_SKINNY_TMA=0 leaves it
-# out). What held it back was its epilogue, not its weight stream: TMA alone (no math) streams 13312 x 16384 at
+# 128-byte boxes of K per chunk. It is a tuner candidate above 16 activation rows with ROCJIT_SKINNY_TMA=1 (see
+# tma_enabled). What held it back was its epilogue, not its weight stream: TMA alone (no math) streams 13312 x 16384 at
 # 3.9 - 4.19 TB/s on an H200 (93 - 99% of copy) for every box shape, ring depth and block count tried, and the
 # kernel with its fix-up and epilogue left out ran 53.5 us at M = 32 (cuBLASLt: 54 - 60). Its epilogue loaded the
 # tile's scales after the main loop, under the full weight stream (6.5 us); they now ride in the stage that ends a
@@ -221,10 +221,12 @@ def tma_stages(M: int, cfg: dict) -> int:
 
 
 def tma_enabled() -> bool:
-    """Whether the tuner also times skinny_tma_kernel (see _TMA_SHAPES): unless ROCJIT_SKINNY_TMA=0. A tensor map is
-    encoded for the weight on every call, so this path records no eager plan (its eager calls take the slower
-    launch path; graph replays and torch.compile do not see it)."""
-    return os.environ.get("ROCJIT_SKINNY_TMA", "1") != "0"
+    """Whether the tuner also times skinny_tma_kernel (see _TMA_SHAPES): only with ROCJIT_SKINNY_TMA=1. A tensor map
+    is encoded for the weight on every call, so this path records no eager plan, and an eager call that takes it
+    pays the op's whole Python path: H200, FP8, M = 32, eager calls in a loop, 293 - 320 us each against 43 - 94 for
+    the mma.sync kernel's plan (the kernels: 38 - 64 against 43 - 94 us as graph replays). So it is for graph
+    capture and torch.compile, where it wins at M = 32 on large weights; a default candidate once it records a plan."""
+    return os.environ.get("ROCJIT_SKINNY_TMA", "0") == "1"
 
 
 def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
