@@ -203,8 +203,7 @@ def _shipped_candidates(op: str, dims: dict, dtype: str) -> list | None:
     if op.startswith("skinny_gemm"):
         eb = 1 if dtype.startswith("float8") else 2
         M, N, K = dims["m"], dims["n"], dims["k"]
-        return (G.mma_candidates(M, N, K, sms, eb, target) + G.stream_candidates(M, N, K, sms, eb)
-                + (G.tma_candidates(M, N, K, sms, eb) if G.tma_enabled() else []))
+        return G.matrix_candidates(M, N, K, sms, eb, target)
     if op == "gemv":
         return matvec._candidates(dtype.split("-")[0], dims["b"], dims["n"], dims["k"], target, sms)[0]
     return None

@@ -68,9 +68,8 @@ def _time(fns, M, events: set, key=None, result=None):
 
 def _time_all(fns: dict, M, events: set | None = None, result=None) -> dict:
     """µs of each of a shape's implementations (lists of callables, graph replays: see _time): one after the other
-    for small M, else
-    ROUNDS rounds over all of them in turn (order reversed every other round), the median of each one's rounds.
-    Keys timed with events instead are added to `events`."""
+    for small M, else ROUNDS rounds over all of them in turn (order reversed every other round), the median of each
+    one's rounds. Keys timed with events instead are added to `events`."""
     events = set() if events is None else events
     if M <= 256:
         return {k: _time(f, M, events, k, result) for k, f in fns.items()}

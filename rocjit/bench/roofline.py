@@ -398,7 +398,6 @@ class _Run:
         hold = self.hold_s if hold_s is None else hold_s
         with Sampler(self.monitor, skip_s=SETTLE * hold) as s:
             self._hold(fns, hold, graphs[0] if graphs else None)
-        del graphs
         return us, s.stats(), how
 
     def _scaled_mm_a(self, a8, M):

@@ -276,6 +276,19 @@ def wgmma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> l
                                        -(-K * elem_bytes // (128 * kb)) // wg)]
 
 
+def matrix_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int, target: str) -> list[dict]:
+    """Every matrix-core config the skinny GEMMs' tuner times on `target`: the enabled Hopper paths (TMA, wgmma),
+    the stream kernel's (sm_90+; the operands are 16-byte aligned, see aligned_operands), then the mma kernel's."""
+    cands = mma_candidates(M, N, K, sms, elem_bytes, target)
+    if has_stream_path(target):
+        cands = stream_candidates(M, N, K, sms, elem_bytes) + cands
+    if has_wgmma_path(target) and wgmma_enabled():
+        cands = wgmma_candidates(M, N, K, sms, elem_bytes) + cands
+    if has_tma_path(target) and tma_enabled():
+        cands = tma_candidates(M, N, K, sms, elem_bytes) + cands
+    return cands
+
+
 def portable_candidates(M: int) -> list[dict]:
     return [{"path": "portable", "p": p, "rows": r, "unroll": u}
             for p, r, u in ((32, 4, 2), (16, 8, 2), (8, 16, 2))]

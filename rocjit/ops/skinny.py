@@ -91,13 +91,7 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
     eb = a.element_size()
     fused = ep != EP_STORE
     if has_matrix_path(target, fp8) or (fused and has_epilogue_path(target, fp8)):
-        cands, default = mma_candidates(M, N, K, sms, eb, target), mma_default(M, N, K, sms, eb)
-        if has_stream_path(target):                  # a and w are 16-byte aligned (aligned_operands)
-            cands = stream_candidates(M, N, K, sms, eb) + cands
-        if has_wgmma_path(target) and G.wgmma_enabled():
-            cands = wgmma_candidates(M, N, K, sms, eb) + cands
-        if has_tma_path(target) and G.tma_enabled():
-            cands = tma_candidates(M, N, K, sms, eb) + cands
+        cands, default = G.matrix_candidates(M, N, K, sms, eb, target), mma_default(M, N, K, sms, eb)
     elif fused:
         raise NotImplementedError(f"{op_name}: the fused epilogue needs the matrix-core kernel (NVIDIA sm_80+, "
                                   f"sm_89+ for FP8; AMD gfx90a / gfx942 / gfx950); {target} has none. Use "
