@@ -61,8 +61,10 @@ typedef int (*rj_launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
 typedef int (*rj_ctx_fn)(void **ctx);
 
 typedef struct {
-    char code;              /* 'P' pointer, else a struct module code: b B h H i I q Q f d ? */
+    char code;              /* 'P' pointer, 's' a by-value struct (bytes of `size`), else a struct module code:
+                               b B h H i I q Q f d ? */
     int offset;
+    int size;               /* 's': the struct's bytes */
     uintptr_t align_mask;   /* pointer params: required alignment - 1 */
     int ndtypes;            /* 0: any dtype but complex (whose conjugate bit DLPack cannot carry) */
     uint32_t dtypes[RJ_MAX_DTYPES];
@@ -101,7 +103,8 @@ static void *address_of(PyObject *o, const char *what) {
 }
 
 /* Spec(params, block_size, device_type, exchange_api, tensor_types, limits, launch_address, ctx_address)
- * params: [(code, offset, alignment, (dtype, ...)), ...] with dtypes packed as code | bits << 8 | lanes << 16. */
+ * params: [(code, offset, alignment, (dtype, ...)), ...] with dtypes packed as code | bits << 8 | lanes << 16;
+ * a by-value struct is ("s", offset, size, ()), passed as a bytes object of exactly that size. */
 static int spec_init(Spec *self, PyObject *args, PyObject *kw) {
     PyObject *params, *api, *types, *limits, *launch, *ctx;
     int block_size, device_type;
@@ -128,13 +131,18 @@ static int spec_init(Spec *self, PyObject *args, PyObject *kw) {
             return -1;
         rj_param *p = &self->params[i];
         p->code = code[0];
-        if (!strchr("PbBhHiIqQfd?", p->code) || code[1] || offset < 0 || align < 1 || (align & (align - 1)) ||
+        int is_struct = p->code == 's';
+        const char *sizes = "P8b1B1h2H2i4I4q8Q8f4d8?1", *at = strchr(sizes, p->code);
+        int width = is_struct ? align : at ? at[1] - '0' : 0;
+        if (!strchr("PsbBhHiIqQfd?", p->code) || code[1] || offset < 0 || align < 1 ||
+            (!is_struct && (align & (align - 1))) || offset + width > block_size ||
             PyTuple_GET_SIZE(dts) > RJ_MAX_DTYPES) {
             PyErr_Format(PyExc_ValueError, "parameter %zd: bad description", i);
             return -1;
         }
         p->offset = offset;
-        p->align_mask = (uintptr_t)(align - 1);
+        p->size = is_struct ? align : 0;
+        p->align_mask = is_struct ? 0 : (uintptr_t)(align - 1);
         p->ndtypes = (int)PyTuple_GET_SIZE(dts);
         for (int j = 0; j < p->ndtypes; j++) {
             unsigned long v = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(dts, j));
@@ -255,6 +263,15 @@ static int scalar_into(char code, PyObject *o, char *dst) {
     }
 }
 
+/* A non-pointer parameter into the block: a scalar, or a by-value struct given as bytes of its exact size.
+ * 0 on success; -1: not this launcher's case (no Python error left set) */
+static int value_into(const rj_param *p, PyObject *o, char *dst) {
+    if (p->code != 's') return scalar_into(p->code, o, dst);
+    if (!PyBytes_CheckExact(o) || PyBytes_GET_SIZE(o) != p->size) return -1;
+    memcpy(dst, PyBytes_AS_STRING(o), (size_t)p->size);
+    return 0;
+}
+
 static int contiguous(const rj_tensor *t) {
     if (!t->strides) return 1;
     for (int d = 0; d < t->ndim; d++)
@@ -313,7 +330,7 @@ static PyObject *launcher_vectorcall(Launcher *self, PyObject *const *args, size
         char *dst = block.bytes + p->offset;
         ptrs[i] = dst;
         if (p->code != 'P') {
-            if (scalar_into(p->code, o, dst) != 0) goto fallback;
+            if (value_into(p, o, dst) != 0) goto fallback;
             continue;
         }
         if (o == Py_None) {                 /* a null pointer, as the general path passes it */
@@ -450,6 +467,7 @@ static PyTypeObject LauncherType = {
 #define RJ_MAX_DIMS 8
 #define RJ_MAX_OUTS 8
 #define RJ_MAX_PLANS 64
+#define RJ_MAX_DERIVED 4
 
 typedef struct {
     char kind;                 /* 'N' None, 'T' tensor, 'S' forwarded scalar, 'O' option */
@@ -462,7 +480,8 @@ typedef struct {
     PyObject *value;           /* 'O': the value (strong reference), compared by == */
 } rj_argkey;
 
-typedef struct { char kind; int index; } rj_ref;   /* 'a' op argument, 'o' output, 'c' constant, 'n' None */
+typedef struct { char kind; int index; } rj_ref;   /* 'a' op argument, 'o' output, 'c' constant, 'd' derived,
+                                                       'n' None */
 
 typedef struct {
     PyObject *launcher, *kwnames, *shared;
@@ -491,6 +510,9 @@ typedef struct {
     int *const_is_tensor;
     rj_launch *launches;
     rj_ref *result;
+    int nderived;                       /* values made per call from an op argument's data pointer: */
+    PyObject *derive[RJ_MAX_DERIVED];   /*   derive[i](pointer as int), e.g. a TMA tensor map of that tensor */
+    int derive_arg[RJ_MAX_DERIVED];     /*   ... of op argument derive_arg[i] (a tensor) */
 } Plan;
 
 static void plan_dealloc(Plan *self) {
@@ -501,6 +523,7 @@ static void plan_dealloc(Plan *self) {
         for (int a = 0; a < self->outs[j].nargv; a++) Py_XDECREF(self->outs[j].argv[a]);
     }
     for (int i = 0; i < self->nconsts; i++) Py_XDECREF(self->consts[i]);
+    for (int i = 0; i < self->nderived; i++) Py_XDECREF(self->derive[i]);
     for (int i = 0; i < self->nlaunches; i++) {
         Py_XDECREF(self->launches[i].launcher);
         Py_XDECREF(self->launches[i].kwnames);
@@ -614,11 +637,13 @@ static int key_equal(const rj_argkey *a, const rj_argkey *b) {
     }
 }
 
-static PyObject *ref_object(const rj_ref *r, PyObject *const *args, PyObject **outs, PyObject **consts) {
+static PyObject *ref_object(const rj_ref *r, PyObject *const *args, PyObject **outs, PyObject **consts,
+                            PyObject **derived) {
     switch (r->kind) {
     case 'a': return args[r->index];
     case 'o': return outs[r->index];
     case 'c': return consts[r->index];
+    case 'd': return derived[r->index];
     default: return Py_None;
     }
 }
@@ -628,7 +653,7 @@ static PyObject *ref_object(const rj_ref *r, PyObject *const *args, PyObject **o
  * accepted; pointee alignment, the loaded function, the context are checked here. 0: launched; -1: not launched,
  * nothing set (the caller calls the launcher the ordinary way, which decides). */
 static int launch_direct(Launcher *lz, const rj_launch *L, const Plan *plan, const rj_argkey *keys,
-                         PyObject *const *args, void *const *out_ptrs, void *stream) {
+                         PyObject *const *args, void *const *out_ptrs, PyObject *const *derived, void *stream) {
     Spec *s = lz->spec;
     int dev = plan->device_id;
     union { char bytes[RJ_MAX_BLOCK]; double d; int64_t q; void *p; } block;
@@ -654,13 +679,15 @@ static int launch_direct(Launcher *lz, const rj_launch *L, const Plan *plan, con
             case 'a': if (keys[r->index].kind != 'T') return -1; ptr = keys[r->index].data; break;
             case 'o': ptr = out_ptrs[r->index]; break;
             case 'c': if (!plan->const_is_tensor[r->index]) return -1; ptr = plan->const_ptrs[r->index]; break;
+            case 'd': return -1;
             default: ptr = NULL;
             }
             if ((uintptr_t)ptr & p->align_mask) return -1;
             memcpy(dst, &ptr, sizeof ptr);
         } else {
-            PyObject *o = r->kind == 'a' ? args[r->index] : r->kind == 'c' ? plan->consts[r->index] : NULL;
-            if (!o || scalar_into(p->code, o, dst) != 0) return -1;
+            PyObject *o = r->kind == 'a' ? args[r->index] : r->kind == 'c' ? plan->consts[r->index] :
+                          r->kind == 'd' ? derived[r->index] : NULL;
+            if (!o || value_into(p, o, dst) != 0) return -1;
         }
     }
     if (!context_current(s, dev)) return -1;
@@ -684,7 +711,8 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
     void *stream = NULL;
     PyObject *stack[RJ_MAX_PARAMS + 1];
     PyObject *result = NULL;
-    int nouts = 0;
+    PyObject *derived[RJ_MAX_DERIVED] = {0};
+    int nouts = 0, nderived = 0;
 
     if (kwnames || nargs != self->nargs || self->nplans == 0) goto fallback;
     for (int i = 0; i < self->nargs; i++)
@@ -707,6 +735,17 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
         goto miss;
     }
     if (plan->stream_bound && stream != plan->stream) goto miss;
+    for (; nderived < plan->nderived; nderived++) {
+        const rj_argkey *k = &keys[plan->derive_arg[nderived]];
+        PyObject *ptr = k->kind == 'T' ? PyLong_FromVoidPtr(k->data) : NULL;
+        PyObject *v = ptr ? PyObject_CallOneArg(plan->derive[nderived], ptr) : NULL;
+        Py_XDECREF(ptr);
+        if (!v) {                        /* the Python path makes the same call and reports what went wrong */
+            PyErr_Clear();
+            goto miss;
+        }
+        derived[nderived] = v;
+    }
     if (plan->group && alloc_api && Py_TYPE(plan->group) == alloc_api->type) {
         if (alloc_api->make(plan->group, outs, out_ptrs) != 0) {
             PyErr_Clear();               /* out of memory...: the Python path repeats the allocation and reports */
@@ -734,11 +773,11 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
     for (int l = 0; l < plan->nlaunches; l++) {
         rj_launch *L = &plan->launches[l];
         if (Py_TYPE(L->launcher) == &LauncherType &&
-            launch_direct((Launcher *)L->launcher, L, plan, keys, args, out_ptrs, stream) == 0) {
+            launch_direct((Launcher *)L->launcher, L, plan, keys, args, out_ptrs, derived, stream) == 0) {
             self->direct++;
             continue;
         }
-        for (int a = 0; a < L->nargs; a++) stack[a] = ref_object(&L->args[a], args, outs, plan->consts);
+        for (int a = 0; a < L->nargs; a++) stack[a] = ref_object(&L->args[a], args, outs, plan->consts, derived);
         if (L->kwnames) stack[L->nargs] = L->shared;
         PyObject *r = PyObject_Vectorcall(L->launcher, stack, (size_t)L->nargs, L->kwnames);
         if (!r) goto done;               /* the launcher's own Python path raised: a real error, passed on */
@@ -748,21 +787,23 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
         result = PyTuple_New(plan->nresult);
         if (!result) goto done;
         for (int r = 0; r < plan->nresult; r++) {
-            PyObject *o = ref_object(&plan->result[r], args, outs, plan->consts);
+            PyObject *o = ref_object(&plan->result[r], args, outs, plan->consts, derived);
             Py_INCREF(o);
             PyTuple_SET_ITEM(result, r, o);
         }
     } else {
-        result = ref_object(&plan->result[0], args, outs, plan->consts);
+        result = ref_object(&plan->result[0], args, outs, plan->consts, derived);
         Py_INCREF(result);
     }
     self->hits++;
 done:
     for (int j = 0; j < nouts; j++) Py_XDECREF(outs[j]);
+    for (int j = 0; j < nderived; j++) Py_XDECREF(derived[j]);
     Py_DECREF(plan);
     return result;
 miss:
     for (int j = 0; j < nouts; j++) Py_XDECREF(outs[j]);
+    for (int j = 0; j < nderived; j++) Py_XDECREF(derived[j]);
     Py_DECREF(plan);
 fallback:
     self->misses++;
@@ -804,12 +845,13 @@ static int plans_init(Plans *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts) {
+static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts, int nderived) {
     const char *kind;
     int index;
     if (o == Py_None) { r->kind = 'n'; r->index = 0; return 0; }
     if (!PyArg_ParseTuple(o, "si", &kind, &index)) return -1;
-    int limit = kind[0] == 'a' ? nargs : kind[0] == 'o' ? nouts : kind[0] == 'c' ? nconsts : -1;
+    int limit = kind[0] == 'a' ? nargs : kind[0] == 'o' ? nouts : kind[0] == 'c' ? nconsts :
+                kind[0] == 'd' ? nderived : -1;
     if (kind[1] || index < 0 || index >= limit) {
         PyErr_Format(PyExc_ValueError, "bad reference (%s, %d)", kind, index);
         return -1;
@@ -819,19 +861,22 @@ static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts) 
     return 0;
 }
 
-/* plans.add(args, outputs, consts, launches, result, as_tuple, stream, group=None)
+/* plans.add(args, outputs, consts, launches, result, as_tuple, stream, group=None, derived=())
  *   args: the op arguments of the call being recorded (its key is read from them, as a later call's would be)
  *   outputs: [(shape, make), ...]: make(*shape) makes each (make(()) for a 0-d output)
  *   group: None, or the torch allocator's Outputs making the same outputs in one call (set_allocator first)
- *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | None
+ *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | ("d", l) | None
+ *   derived: [(fn, i), ...]: value l of a call is fn(data pointer of its op argument i, an int), made before its
+ *     launches (a tensor map of that tensor...): the one kind of launch argument that follows a pointer
  *   result: [ref, ...], returned as a tuple when as_tuple, else its one element
  *   stream: None, or the stream handle the plan is bound to (its constants belong to that stream)
  * Returns True when the plan was added, False when this call cannot be a plan (e.g. no tensor argument). */
 static PyObject *plans_add(Plans *self, PyObject *args) {
-    PyObject *call, *outputs, *consts, *launches, *result, *stream, *group = Py_None;
+    PyObject *call, *outputs, *consts, *launches, *result, *stream, *group = Py_None, *derived = NULL;
     int as_tuple;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!pO|O", &PyTuple_Type, &call, &PyList_Type, &outputs, &PyList_Type, &consts,
-                          &PyList_Type, &launches, &PyList_Type, &result, &as_tuple, &stream, &group))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!pO|OO!", &PyTuple_Type, &call, &PyList_Type, &outputs, &PyList_Type,
+                          &consts, &PyList_Type, &launches, &PyList_Type, &result, &as_tuple, &stream, &group,
+                          &PyList_Type, &derived))
         return NULL;
     if (group != Py_None && (!alloc_api || Py_TYPE(group) != alloc_api->type ||
                              alloc_api->count(group) != (int)PyList_GET_SIZE(outputs))) {
@@ -919,6 +964,22 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
             p->const_is_tensor[k] = 1;
         }
     }
+    Py_ssize_t nd = derived ? PyList_GET_SIZE(derived) : 0;
+    if (nd > RJ_MAX_DERIVED) { PyErr_SetString(PyExc_ValueError, "derived: too many"); goto fail; }
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        PyObject *fn;
+        int arg;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(derived, d), "Oi", &fn, &arg)) goto fail;
+        if (!PyCallable_Check(fn) || arg < 0 || arg >= self->nargs || self->roles[arg] != 'T' ||
+            p->args[arg].kind != 'T') {
+            PyErr_SetString(PyExc_ValueError, "derived: (callable, index of a tensor argument)");
+            goto fail;
+        }
+        Py_INCREF(fn);
+        p->derive[d] = fn;
+        p->derive_arg[d] = arg;
+        p->nderived = (int)d + 1;
+    }
     Py_ssize_t nl = PyList_GET_SIZE(launches);
     p->launches = PyMem_Calloc(nl ? nl : 1, sizeof(rj_launch));
     if (!p->launches) { PyErr_NoMemory(); goto fail; }
@@ -937,7 +998,8 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
         L->args = PyMem_Calloc(L->nargs ? L->nargs : 1, sizeof(rj_ref));
         if (!L->args) { PyErr_NoMemory(); goto fail; }
         for (int a = 0; a < L->nargs; a++)
-            if (parse_ref(PyList_GET_ITEM(refs, a), &L->args[a], self->nargs, p->nouts, p->nconsts) != 0) goto fail;
+            if (parse_ref(PyList_GET_ITEM(refs, a), &L->args[a], self->nargs, p->nouts, p->nconsts, p->nderived))
+                goto fail;
         if (!PyLong_CheckExact(shared)) { PyErr_SetString(PyExc_TypeError, "shared_mem: an int"); goto fail; }
         if (PyObject_IsTrue(shared)) {
             L->kwnames = Py_BuildValue("(O)", str_shared_mem);
@@ -955,7 +1017,7 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
     p->result = PyMem_Calloc(p->nresult, sizeof(rj_ref));
     if (!p->result) { PyErr_NoMemory(); goto fail; }
     for (int r = 0; r < p->nresult; r++)
-        if (parse_ref(PyList_GET_ITEM(result, r), &p->result[r], self->nargs, p->nouts, p->nconsts) != 0) goto fail;
+        if (parse_ref(PyList_GET_ITEM(result, r), &p->result[r], self->nargs, p->nouts, p->nconsts, 0)) goto fail;
     if (stream != Py_None) {
         p->stream = PyLong_AsVoidPtr(stream);
         if (!p->stream && PyErr_Occurred()) goto fail;
@@ -997,7 +1059,7 @@ static void plans_dealloc(Plans *self) {
 static PyObject *plans_len(Plans *self, void *closure) { return PyLong_FromLong(self->nplans); }
 
 static PyMethodDef plans_methods[] = {
-    {"add", (PyCFunction)plans_add, METH_VARARGS, "add(args, outputs, consts, launches, result, as_tuple, stream)"},
+    {"add", (PyCFunction)plans_add, METH_VARARGS, "add(args, outputs, consts, launches, result, as_tuple, stream, group=None, derived=())"},
     {"clear", (PyCFunction)plans_clear_all, METH_NOARGS, "forget every plan"},
     {NULL}
 };

@@ -276,3 +276,44 @@ def test_turned_off_or_unbuildable_means_the_python_launcher(mod, tmp_path):
     built = _probe(tmp_path)
     assert built.stdout.startswith("True | ready ("), built.stdout + built.stderr
     assert list((tmp_path / "native").glob("rocjit_launch_*"))
+
+
+# kernel(const float* x, <a 16-byte struct> m, int n): a by-value struct (a TMA tensor map is 128 bytes) as bytes
+STRUCT_FIELDS = [("P", 0, ctypes.c_uint64), ("s", 16, ctypes.c_char * 16), ("i", 32, ctypes.c_int32)]
+
+
+class StructDriver(Driver):
+    def launch(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        vals = tuple(t.from_address(params[i]).raw if code == "s" else t.from_address(params[i]).value
+                     for i, (code, _, t) in enumerate(self.fields))
+        self.calls.append((fn, (gx, gy, gz), (bx, by, bz), shared, stream or 0, vals, extra))
+        return self.result
+
+
+def _struct_spec(mod, drv):
+    f32 = (native.torch_dtype_code(torch.float32),)
+    spec = mod.Spec([("P", 0, 4, f32), ("s", 16, 16, ()), ("i", 32, 1, ())], 36, KDL_CPU,
+                    torch.Tensor.__dlpack_c_exchange_api__, (torch.Tensor, torch.nn.Parameter), {0: 0},
+                    drv.launch_addr, drv.ctx_addr)
+    assert spec.set_function(0, 0xF0, 0xC0)
+    return spec
+
+
+def test_by_value_structs_are_copied_from_bytes_of_their_exact_size(mod):
+    drv, fb = StructDriver(STRUCT_FIELDS), Fallback()
+    launcher = mod.Launcher(_struct_spec(mod, drv), (1, 1, 1), (32, 1, 1), fb)
+    x = torch.randn(8)
+    m = bytes(range(16))
+    launcher(x, m, 3)
+    assert drv.calls == [(0xF0, (1, 1, 1), (32, 1, 1), 0, 0, (x.data_ptr(), m, 3), None)] and fb.calls == []
+    for bad in (m[:15], m + b"\0", bytearray(m), 7, None):      # any other size or type: the Python launcher's case
+        assert launcher(x, bad, 3) == "fallback"
+    assert len(drv.calls) == 1 and len(fb.calls) == 5
+
+
+@pytest.mark.parametrize("params", [[("s", 30, 16, ())], [("i", 34, 1, ())], [("s", 0, 0, ())], [("x", 0, 1, ())]])
+def test_descriptions_beyond_the_block_are_refused(mod, params):
+    drv = StructDriver(STRUCT_FIELDS)
+    with pytest.raises(ValueError, match="bad description"):
+        mod.Spec(params, 36, KDL_CPU, torch.Tensor.__dlpack_c_exchange_api__, (torch.Tensor,), {0: 0},
+                 drv.launch_addr, drv.ctx_addr)

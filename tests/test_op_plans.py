@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 import rocjit.ops as ops  # noqa: E402
 from rocjit import native  # noqa: E402
 from rocjit.ops import _op  # noqa: E402
-from tests.test_native_launcher import KDL_CPU, Driver, Fallback, _spec  # noqa: E402
+from tests.test_native_launcher import (KDL_CPU, STRUCT_FIELDS, Driver, Fallback, StructDriver,  # noqa: E402
+                                        _spec, _struct_spec)
 
 
 @pytest.fixture(scope="module")
@@ -309,3 +310,95 @@ def test_op_plans_can_be_turned_off(fake_op, monkeypatch):
     fn(x)
     fn(x)
     assert entry.plans is None and len(kern.rec.calls) == 2
+
+
+# ----------------------------------------------------------------------------- values derived from an address
+class MapOf:
+    """A stand-in for a tensor-map encoder: bytes that name the address they were made for."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, address):
+        self.calls.append(address)
+        if address == 0xBAD:
+            raise RuntimeError("no map")
+        return address.to_bytes(8, "little") * 2
+
+
+def test_a_derived_value_is_made_again_for_each_replay(mod):
+    """A launch argument made from a tensor argument's address (a TMA tensor map) follows that tensor: the
+    replay calls its maker with the new call's data pointer, through the Python launcher and through the native
+    launcher's direct path alike."""
+    drv, lfb = StructDriver(STRUCT_FIELDS), Fallback()
+    native_l = mod.Launcher(_struct_spec(mod, drv), (1, 1, 1), (32, 1, 1), lfb)
+    rec, make = Rec(), MapOf()
+    P, fb = _plans(mod, "TT")
+    x, w = torch.randn(8), torch.randn(8)
+    assert P.add((x, w), [], [5], [(rec, [("a", 0), ("d", 0)], 0), (native_l, [("a", 0), ("d", 0), ("c", 0)], 0)],
+                 [("a", 0)], False, None, None, [(make, 1)])
+    for _ in range(3):
+        w2 = torch.randn(8)
+        assert P(x, w2) is x
+        m = make(w2.data_ptr())
+        assert rec.calls[-1][0] == (x, m) and drv.calls[-1][5] == (x.data_ptr(), m, 5)
+    assert P.hits == 3 and P.direct == 3 and fb.calls == [] and lfb.calls == []
+
+
+def test_a_derived_value_that_cannot_be_made_takes_the_python_path(mod):
+    rec = Rec()
+    P, fb = _plans(mod, "TT")
+    x = torch.randn(8)
+
+    class Failing(MapOf):
+        def __call__(self, address):
+            raise RuntimeError("no map")
+    assert P.add((x, x), [], [], [(rec, [("d", 0)], 0)], [("a", 0)], False, None, None, [(Failing(), 1)])
+    assert P(x, torch.randn(8)) == "fallback" and rec.calls == [] and P.hits == 0 and len(fb.calls) == 1
+
+
+@pytest.mark.parametrize("derived", [[(MapOf(), 2)], [(MapOf(), 5)], [("not callable", 0)], [(MapOf(), 1)] * 5,
+                                     [(MapOf(), 1), (MapOf(),)]])
+def test_bad_derived_descriptions_are_refused(mod, derived):
+    P, _ = _plans(mod, "TTS")
+    x = torch.randn(8)
+    with pytest.raises((ValueError, TypeError)):
+        P.add((x, x, 1.0), [], [], [(Rec(), [("d", 0)], 0)], [("a", 0)], False, None, None, derived)
+    with pytest.raises(ValueError, match="bad reference"):        # a reference to a derived value that is not there
+        P.add((x, x, 1.0), [], [], [(Rec(), [("d", 1)], 0)], [("a", 0)], False, None, None, [(MapOf(), 0)])
+    assert P.size == 0
+
+
+@pytest.fixture
+def derived_op(mod):
+    kern, make = FakeKernel(), MapOf()
+
+    def full(call, x, w, *, of_output=False):
+        y = call.empty(x.shape, x.dtype, x.device)
+        m = call.derive(make, y if of_output else w)
+        call.launch(kern, 1, 32, y, x, m)
+        return call.done(y)
+
+    fn = _op.op(roles="TTO", name="_fake_derived_op_for_tests")(full)
+    yield fn, _op.REGISTRY["_fake_derived_op_for_tests"], kern, make
+    del _op.REGISTRY["_fake_derived_op_for_tests"]
+
+
+def test_call_derive_records_a_value_that_follows_its_tensor(derived_op):
+    fn, entry, kern, make = derived_op
+    x = torch.randn(16)
+    fn(x, torch.randn(16))
+    for _ in range(3):
+        w = torch.randn(16)
+        y = fn(x, w)
+        assert kern.rec.calls[-1][0] == (y, x, make(w.data_ptr()))
+    assert entry.plans.hits == 3
+
+
+def test_call_derive_of_anything_but_an_argument_leaves_no_plan(derived_op):
+    fn, entry, kern, _ = derived_op
+    x = torch.randn(16)
+    for _ in range(3):
+        fn(x, x, of_output=True)        # the output's address is new every call: no plan may keep its value
+    assert entry.plans is None or entry.plans.size == 0
+    assert len(kern.rec.calls) == 3

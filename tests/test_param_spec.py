@@ -58,14 +58,16 @@ def test_parsed_and_compiled_layouts_agree_and_pack_alike():
     params = signature.parse(MIXED, "mixed")
     spec = ParamSpec.build("mixed", params, MIXED_LAYOUT)
     assert spec.block_size == 96 and [s.code for s in spec.slots] == ["b", "P", "h", None, "d", None, "?", "q"]
-    assert not spec.packable                 # by-value structs: the native launcher leaves them to Python
-    assert spec.python_packable              # ... whose generated launcher packs them as bytes of their size
+    assert spec.python_packable              # by-value structs: packed as bytes of their size, by the generated
+    native = spec.native_params(lambda name: 1)     # launcher and by the native one
+    assert [d[:3] for d in native if d[0] == "s"] == [("s", 24, 16), ("s", 48, 32)]
     fmt = spec.struct_format()
     assert struct.calcsize(fmt) == spec.block_size == 96 and "16s" in fmt and "32s" in fmt
     block = struct.pack(fmt, 1, 2, 3, b"P" * 16, 4.0, b"F" * 32, True, 5)
     assert block[24:40] == b"P" * 16 and block[48:80] == b"F" * 32 and block[88:96] == (5).to_bytes(8, "little")
     halves = ParamSpec.build("h", signature.parse("__global__ void h(__half x, float* p) {}", "h"), [(0, 2), (8, 8)])
     assert not halves.python_packable and halves.struct_format() is None    # a half is converted: general path
+    assert halves.native_params(lambda name: 1) is None
     plain = ParamSpec.build("k", signature.parse("__global__ void k(char c, float* p, short s, double d) {}", "k"),
                             [(0, 1), (8, 8), (16, 2), (24, 8)])
     fmt = plain.struct_format()

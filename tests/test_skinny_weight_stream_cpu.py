@@ -198,7 +198,7 @@ def test_a_configs_hint_compiles_its_own_module(monkeypatch):
 
 def test_tma_path_candidates_and_opt_in(monkeypatch):
     """skinny_tma_kernel: sm_90a only, configs only above 16 rows, each with a ring of >= 2 stages that fits the
-    H100's shared memory, and timed by the tuner only with ROCJIT_SKINNY_TMA=1 (it records no eager plan)."""
+    H100's shared memory, and timed by the tuner unless ROCJIT_SKINNY_TMA=0."""
     assert G.has_tma_path("sm_90a") and not G.has_tma_path("sm_90") and not G.has_tma_path("gfx942")
     assert G.tma_candidates(16, 13312, 16384, 132, 1) == []
     for M in (17, 32):
@@ -210,9 +210,9 @@ def test_tma_path_candidates_and_opt_in(monkeypatch):
             assert stages >= 2 and 1024 + stages * (c["kb"] * 128 + 4) * (rows + 32) + 16 * stages <= 227 * 1024
             assert rows % G.TMA_BOX_ROWS == 0
     monkeypatch.delenv("ROCJIT_SKINNY_TMA", raising=False)
-    assert not G.tma_enabled()
-    monkeypatch.setenv("ROCJIT_SKINNY_TMA", "1")
     assert G.tma_enabled()
+    monkeypatch.setenv("ROCJIT_SKINNY_TMA", "0")
+    assert not G.tma_enabled()
 
 
 def test_wgmma_path_candidates_and_opt_in(monkeypatch):

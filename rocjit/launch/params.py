@@ -85,11 +85,6 @@ class ParamSpec:
 
     # ------------------------------------------------------------------ the fast paths
     @property
-    def packable(self) -> bool:
-        """Every parameter is a pointer or a plain scalar: the generated and native launchers can pack it."""
-        return all(s.code is not None for s in self.slots)
-
-    @property
     def python_packable(self) -> bool:
         """Every parameter is a pointer, a plain scalar or a by-value struct: the generated launcher can pack it
         (structs as `bytes` of their exact size; 16-bit floats, which need converting, go the general path)."""
@@ -110,13 +105,17 @@ class ParamSpec:
         return fmt
 
     def native_params(self, dtype_code):
-        """The native launcher's description: [(code, offset, alignment, (packed dtype, ...))], or None where a
-        pointer's dtypes are not ones the framework has or a parameter is not a pointer or plain scalar (the native
-        launcher packs no by-value structs). `dtype_code(name)` packs a dtype name, None if unknown."""
-        if not self.packable:
+        """The native launcher's description: [(code, offset, alignment, (packed dtype, ...))], by-value structs as
+        ("s", offset, size, ()) (passed as bytes of that size), or None where a pointer's dtypes are not ones the
+        framework has or a parameter is a 16-bit float (converted by the general path). `dtype_code(name)` packs a
+        dtype name, None if unknown."""
+        if not self.python_packable:
             return None
         out = []
         for s in self.slots:
+            if s.code is None:
+                out.append(("s", s.offset, s.size, ()))
+                continue
             if s.code != "P":
                 out.append((s.code, s.offset, 1, ()))
                 continue

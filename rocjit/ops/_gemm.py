@@ -185,8 +185,8 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 
 
 # (SLABS, WG, KB) of skinny_tma_kernel: 64 * SLABS * WG weight rows per tile, WG multiplying warpgroups, KB
-# 128-byte boxes of K per chunk. It is a tuner candidate above 16 activation rows with ROCJIT_SKINNY_TMA=1 (see
-# tma_enabled). What held it back was its epilogue, not its weight stream: TMA alone (no math) streams 13312 x 16384 at
+# 128-byte boxes of K per chunk. It is a tuner candidate above 16 activation rows (ROCJIT_SKINNY_TMA=0 leaves it
+# out). What held it back was its epilogue, not its weight stream: TMA alone (no math) streams 13312 x 16384 at
 # 3.9 - 4.19 TB/s on an H200 (93 - 99% of copy) for every box shape, ring depth and block count tried, and the
 # kernel with its fix-up and epilogue left out ran 53.5 us at M = 32 (cuBLASLt: 54 - 60). Its epilogue loaded the
 # tile's scales after the main loop, under the full weight stream (6.5 us); they now ride in the stage that ends a
@@ -221,12 +221,10 @@ def tma_stages(M: int, cfg: dict) -> int:
 
 
 def tma_enabled() -> bool:
-    """Whether the tuner also times skinny_tma_kernel (see _TMA_SHAPES): only with ROCJIT_SKINNY_TMA=1. A tensor map
-    is encoded for the weight on every call, so this path records no eager plan, and an eager call that takes it
-    pays the op's whole Python path: H200, FP8, M = 32, eager calls in a loop, 293 - 320 us each against 43 - 94 for
-    the mma.sync kernel's plan (the kernels: 38 - 64 against 43 - 94 us as graph replays). So it is for graph
-    capture and torch.compile, where it wins at M = 32 on large weights; a default candidate once it records a plan."""
-    return os.environ.get("ROCJIT_SKINNY_TMA", "0") == "1"
+    """Whether the tuner also times skinny_tma_kernel (see _TMA_SHAPES): unless ROCJIT_SKINNY_TMA=0. Its tensor map
+    (a by-value launch argument encoded for the weight's address) is made again by each eager replay for the call's
+    weight (Call.derive), so its eager calls take the op's plan like the other paths."""
+    return os.environ.get("ROCJIT_SKINNY_TMA", "1") != "0"
 
 
 def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
@@ -498,8 +496,7 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
                ep: str = EP_STORE, residual=None, out_scale=None):
     """C = A W^T (* scales) with skinny_tma_kernel (sm_90a): the stream kernel's schedule and fix-up, the weights
     copied by TMA through a tensor map of w, multiplied by wgmma. The tensor map is a by-value launch argument
-    encoded for w's address, so this path records no eager plan."""
-    from rocjit.platform import cuda
+    encoded for w's address: an eager plan makes it again for each call's w (Call.derive)."""
     nb = tma_rows(M)
     slabs, wg, kb = cfg["slabs"], cfg["wg"], cfg["kb"]
     stages = cfg.get("stages") or tma_stages(M, cfg)
@@ -509,7 +506,7 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     grid = max(1, min(sms, tiles * -(-kbytes // (kb * 128))))
     # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
     tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * (wg * 128) * (slabs * nb // 2))
-    tmap = cuda.tensor_map_2d(w.data_ptr(), kbytes, N, kbytes, 128, TMA_BOX_ROWS)
+    tmap = call.derive(functools.partial(_weight_map, kbytes, N), w)
     name = f"skinny_tma_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {nb}, {slabs}, {wg}, {kb}, {stages}, {ep}>"
     call.const(tickets)
     call.const(ws)
@@ -518,6 +515,12 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
                 scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1],
                 shared_mem=1024 + stages * tma_stage_bytes(M, cfg) + 16 * stages)
     return out
+
+
+def _weight_map(kbytes: int, rows: int, address: int) -> bytes:
+    """skinny_tma_kernel's tensor map of a weight matrix of `rows` rows of `kbytes` bytes at `address`."""
+    from rocjit.platform import cuda
+    return cuda.tensor_map_2d(address, kbytes, rows, kbytes, 128, TMA_BOX_ROWS)
 
 
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, modes: int, scale_a,

@@ -23,7 +23,9 @@ What the skeleton gives every op:
   to the kernels as it is (its value is not part of the key), ``O`` an option compared by value.
 - **safety of the record.** A launch argument that is a tensor the record does not know (a copy, a view, a
   converted numpy array), an int that is not fixed by the key, or a call made while a CUDA graph is captured
-  leaves no plan. A plan that holds per-stream state (`Call.bind_stream`) is replayed on that stream only.
+  leaves no plan. A plan that holds per-stream state (`Call.bind_stream`) is replayed on that stream only. A
+  launch argument made from a tensor argument's address (`Call.derive`: a TMA tensor map) is made again by the
+  replay, in C, for the replay's tensor.
 - **torch.compile.** While dynamo traces, the public function runs the full path, which calls the op's
   `torch.ops.rocjit.<name>` custom op (registered from the op's `custom_op` builder). An op whose checks take
   any strides may say `flexible_layout=True` (torch's tag): inductor then hands it buffers as they are, where it
@@ -191,7 +193,7 @@ class Call:
     """Runs an op's allocations and launches, and records them as a plan when the call can be one.
 
     `Call(None)` (torch.compile's path, the tuner, tests) only runs them."""
-    __slots__ = ("op", "args", "_known", "_outs", "_consts", "_launches", "_stream", "ok")
+    __slots__ = ("op", "args", "_known", "_outs", "_consts", "_derived", "_launches", "_stream", "ok")
 
     def __init__(self, entry: Op | None, args: tuple = ()):
         self.op, self.args = entry, args
@@ -205,7 +207,7 @@ class Call:
                     if type(a) is not float:        # an int or bool would be recorded as a constant
                         self.ok = False
                     self._known[id(a)] = ("a", i)
-        self._outs, self._consts, self._launches, self._stream = [], [], [], None
+        self._outs, self._consts, self._derived, self._launches, self._stream = [], [], [], [], None
 
     def forget(self) -> None:
         """This call must not become a plan (an out= argument, a converted input, a data-dependent choice...)."""
@@ -226,6 +228,20 @@ class Call:
             self._known[id(obj)] = ("c", len(self._consts))
             self._consts.append(obj)
         return obj
+
+    def derive(self, fn, tensor):
+        """fn(tensor.data_ptr()): a launch argument that follows a tensor argument's address (e.g. a TMA tensor map
+        of it, encoded for that address). A replay calls fn again with its own tensor's address, so fn must
+        depend on nothing else the plan's key does not fix. Of any other tensor (an output, a copy), no plan."""
+        value = fn(tensor.data_ptr())
+        if self.ok:
+            r = self._known.get(id(tensor))
+            if r is None or r[0] != "a" or id(value) in self._known or len(self._derived) == 4:
+                self.ok = False
+            else:
+                self._known[id(value)] = ("d", len(self._derived))
+                self._derived.append((fn, r[1], value))      # the value kept alive: its id stays its own
+        return value
 
     def bind_stream(self) -> None:
         """The plan's constants belong to the current stream: replay it on that stream only."""
@@ -283,7 +299,7 @@ class Call:
         _activate(self.op)
         if self.op.plans is not None:
             self.op.plans.add(tuple(self.args), outputs, list(self._consts), launches, refs,
-                              type(result) is tuple, self._stream, group)
+                              type(result) is tuple, self._stream, group, [(fn, i) for fn, i, _ in self._derived])
             if provisional:
                 from rocjit import native
                 if not native.torch_alloc_building():

@@ -304,3 +304,36 @@ def test_outputs_land_on_their_device_whichever_is_current():
     with torch.cuda.device(0):
         one, = alloc.Outputs([(torch.empty(0, device="cuda:1"), (4,))])()
     assert one.device == torch.device("cuda:1")
+
+
+def test_tma_path_replays_with_each_calls_weight(monkeypatch):
+    """skinny_tma_kernel's tensor map is encoded for the weight's address: an eager replay makes it again for
+    the call's own weight (Call.derive). Calls with several weights of one shape -- as a model's layers make them --
+    each match float64 on their own weight, and all but the first are replays."""
+    from rocjit.ops import _gemm as G
+    from rocjit.ops import skinny
+    target, _, sms = G._device(0)
+    if not G.has_tma_path(target):
+        pytest.skip(f"skinny_tma_kernel runs on sm_90a only (this device: {target})")
+    M, N, K = 29, 1000, 2112                              # N and K not multiples of the tile
+    cfg = G.tma_candidates(M, N, K, sms, 1)[0]
+    real = skinny.config_for
+    monkeypatch.setattr(skinny, "config_for", lambda *a, **kw: (cfg, real(*a, **kw)[1]))
+    entry = REGISTRY["skinny_gemm"]
+    entry.clear_plans()
+    torch.manual_seed(5)
+    weights = [torch.randn(N, K, device="cuda").to(F8) for _ in range(3)]
+    scales = [torch.rand(N, device="cuda") * 0.01 + 0.005 for _ in weights]
+    before = _hits("skinny_gemm")
+    try:
+        for i in range(3):
+            for w, sw in zip(weights, scales):
+                a = torch.randn(M, K, device="cuda").to(F8)
+                sa = torch.rand(M, device="cuda") + 0.5
+                y = ops.skinny_gemm(a, w, scale_a=sa, scale_w=sw)
+                ref = (a.double() * sa.double()[:, None]) @ (w.double() * sw.double()[:, None]).t()
+                assert _rel(y, ref) < 1e-2, i
+        assert any(k.startswith("skinny_tma_kernel") for k, *_ in entry.last_plan)
+        assert _hits("skinny_gemm") - before == 8
+    finally:
+        entry.clear_plans()
