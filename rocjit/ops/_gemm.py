@@ -503,7 +503,8 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     rows = 64 * slabs * wg
     kbytes = K * a.element_size()
     tiles = -(-N // rows)
-    grid = max(1, min(sms, tiles * -(-kbytes // (kb * 128))))
+    chunks = tiles * -(-kbytes // (kb * 128))
+    grid = max(1, min(cfg.get("blocks") or sms, chunks))
     # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
     tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * (wg * 128) * (slabs * nb // 2))
     tmap = call.derive(functools.partial(_weight_map, kbytes, N), w)
