@@ -276,3 +276,20 @@ def test_tma_kernel_builds_for_hopper_with_every_epilogue():
                               ("bf16_t", "__hip_bfloat16", "skinny::ep_swiglu<skinny::no_quant>"))]
     co = Module("skinny_gemm.hip").compile("sm_90a", tuple(names))
     assert co.binary and all(n in co.lowered for n in names)
+
+
+def test_whole_tile_grids():
+    """The TMA kernel's extra candidates run a grid of 3/4 to all but one of the multiprocessors that gives every
+    block the same number of whole tiles (no stream-K fix-up); none where no such grid exists."""
+    assert G.whole_tile_grid(128, 132) == 128 and G.whole_tile_grid(224, 132) == 112
+    assert G.whole_tile_grid(104, 132) == 104 and G.whole_tile_grid(18, 132) is None
+    assert G.whole_tile_grid(132, 132) is None          # the default grid already is whole tiles
+    assert G.whole_tile_grid(97, 132) is None           # a prime
+    for N, K in ((16384, 6656), (13312, 16384), (28672, 4096), (2304, 16384), (2344, 16448)):
+        cands = G.tma_candidates(32, N, K, 132, 1)
+        plain = [c for c in cands if "blocks" not in c]
+        for c in cands:
+            if "blocks" in c:
+                tiles = -(-N // (64 * c["slabs"] * c["wg"]))
+                assert tiles % c["blocks"] == 0 and 99 <= c["blocks"] < 132
+                assert {k: v for k, v in c.items() if k != "blocks"} in plain

@@ -122,6 +122,30 @@ def test_stream_kernels_deterministic_across_launches_and_graph_replays(M, path)
             assert torch.equal(out, outs[0]), cfg
 
 
+@pytest.mark.parametrize("M", [17, 32])
+def test_tma_kernel_every_kind_of_stream_k_range(M):
+    """skinny_tma_kernel over grids that cut its 19 tiles x 33 chunks every way: one block (all tiles in turn), 7
+    (ranges starting and ending mid-tile), 19 (whole tiles: no fix-up), 38 (a block whose range ends on a tile
+    boundary after a shared first segment), 64 (tiles shared by four blocks, middle ones owning neither end) and
+    300 (more blocks than multiprocessors, tiles shared by up to 15), each against float64 and twice bit-identical."""
+    target, _, sms = skinny._device(0)
+    if not skinny.has_tma_path(target):
+        pytest.skip("skinny_tma_kernel needs sm_90a")
+    N, K = 2344, 16448
+    a, w, sa, sw, ref, od, tol = _case(F8, M, N, K)
+    base = {"path": "tma", "slabs": 1, "wg": 2, "kb": 4}
+    assert -(-N // 128) == 19 and -(-K // 512) == 33
+    for blocks in (1, 7, 19, 38, 64, 300):
+        cfg = dict(base, blocks=blocks)
+        outs = []
+        for _ in range(2):
+            out = torch.full((M, N), float("nan"), dtype=od, device="cuda")
+            skinny.launch_tma(a, w, out, sa, sw, M, N, K, cfg, sms)
+            outs.append(out)
+        assert _rel(outs[0], ref) < tol, blocks
+        assert torch.equal(outs[0], outs[1]), blocks
+
+
 def test_misaligned_operands():
     """a at an odd offset is realigned (right answer, no fault); a misaligned w is an error naming it."""
     g = torch.Generator(device="cuda").manual_seed(11)
