@@ -522,8 +522,9 @@ def _tuned_exactly(M: int, N: int, K: int) -> bool:
 # and choices read: the layout and output dtype, each tensor's dtype, device, shape and strides, the operands' and
 # scales' 16-byte alignment, the tuner's generation and the kernel switches. A repeated call with the same key launches
 # through _tma_run, as the full path does (scales copied there where their layout needs it); anything else takes the
-# full path and its checks. (The native plans cannot hold this launch: they pass tensors as pointers, and a tensor map
-# is 128 bytes derived from one.)
+# full path and its checks. (The native plans could make the tensor maps again per call, as they do for
+# skinny_tma_kernel's (Call.derive), but they key contiguous tensors only, and the scales this kernel reads in place are
+# views in another layout -- quantize_fp8_dual's M-major row scales are a transpose -- so those calls would record none.)
 _FAST: dict = {}
 
 
