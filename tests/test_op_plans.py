@@ -357,7 +357,8 @@ def test_a_derived_value_that_cannot_be_made_takes_the_python_path(mod):
     assert P(x, torch.randn(8)) == "fallback" and rec.calls == [] and P.hits == 0 and len(fb.calls) == 1
 
 
-@pytest.mark.parametrize("derived", [[(MapOf(), 2)], [(MapOf(), 5)], [("not callable", 0)], [(MapOf(), 1)] * 5,
+@pytest.mark.parametrize("derived", [[(MapOf(), 2)], [(MapOf(), 5)], [("not callable", 0)],
+                                     [(MapOf(), 1)] * (_op.MAX_DERIVED + 1),
                                      [(MapOf(), 1), (MapOf(),)]])
 def test_bad_derived_descriptions_are_refused(mod, derived):
     P, _ = _plans(mod, "TTS")
@@ -367,6 +368,13 @@ def test_bad_derived_descriptions_are_refused(mod, derived):
     with pytest.raises(ValueError, match="bad reference"):        # a reference to a derived value that is not there
         P.add((x, x, 1.0), [], [], [(Rec(), [("d", 1)], 0)], [("a", 0)], False, None, None, [(MapOf(), 0)])
     assert P.size == 0
+
+
+def test_a_plan_holds_as_many_derived_values_as_call_derive_records(mod):
+    P, _ = _plans(mod, "TT")
+    x = torch.randn(8)
+    refs = [("d", i) for i in range(_op.MAX_DERIVED)]
+    assert P.add((x, x), [], [], [(Rec(), refs, 0)], [("a", 0)], False, None, None, [(MapOf(), 1)] * _op.MAX_DERIVED)
 
 
 @pytest.fixture

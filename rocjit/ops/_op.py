@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 REGISTRY: dict[str, "Op"] = {}
+MAX_DERIVED = 4         # derived launch arguments a plan holds (RJ_MAX_DERIVED in rocjit/launcher.c)
 
 
 @dataclass
@@ -236,7 +237,7 @@ class Call:
         value = fn(tensor.data_ptr())
         if self.ok:
             r = self._known.get(id(tensor))
-            if r is None or r[0] != "a" or id(value) in self._known or len(self._derived) == 4:
+            if r is None or r[0] != "a" or id(value) in self._known or len(self._derived) == MAX_DERIVED:
                 self.ok = False
             else:
                 self._known[id(value)] = ("d", len(self._derived))
