@@ -192,8 +192,9 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 # tile's scales after the main loop, under the full weight stream (6.5 us); they now ride in the stage that ends a
 # segment. H200, FP8, weights rotated beyond L2, M = 32: 13312 x 16384 63.6 us against 76.9 for the best other
 # config (cuBLASLt 59.3), 16384 x 6656 38.5 against 40.1 (cuBLASLt 28.3); slower at 2304 x 16384 (21.5 against
-# 17.8) and at M <= 16 (61 against 57.9 at M = 16). The remaining gap to the bare stream there is the stores (2 bytes
-# each, ~5 us) and the stream-K fix-up (~1 - 5 us).
+# 17.8) and at M <= 16 (61 against 57.9 at M = 16). Of the remaining gap to the bare stream, the stream-K fix-up
+# (~1 - 5 us) goes where whole_tile_grid applies; the stores' ~5 us is where they sit (the kernel's tail), not their
+# width: staged through shared memory into 16-byte runs they ran the same (16384 x 6656: 34.0 against 32.7 us).
 _TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
 _TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
 TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip
