@@ -1,5 +1,7 @@
-"""FP8 quantization of [rows, 7168] bf16: 1x128 blockwise (rows 1..16384), per-token, dynamic per-tensor, and the
-dual row+col quantization against two separate (row-only, column-only) launches and torch.compile."""
+"""FP8 quantization of [rows, 7168] bf16: 1x128 blockwise (rows 1..16384), per-token, dynamic per-tensor, the
+dual row+col quantization against two separate (row-only, column-only) launches and torch.compile, and the two
+calls of the FP8 training layer (dual with the column blocks transposed, 128 x 128 weight tiles with the transposed
+copy) against torch.compile."""
 
 from rocjit.bench import harness as H
 
@@ -22,6 +24,22 @@ def ref_col(x):
 
 def ref_dual(x):
     return ref_block(x) + ref_col(x)
+
+
+def ref_dual_t(x):
+    """The dual quantization with the column blocks stored transposed (FP8Linear's layout: q_col [K, M])."""
+    q_row, s_row, q_col, s_col = ref_dual(x)
+    return q_row, s_row, q_col.t().contiguous(), s_col
+
+
+def ref_weight_t(x):
+    """128 x 128 tiles and the transposed copy of the quantized weight (quantize_fp8_weight(transposed=True))."""
+    import torch
+    M, K = x.shape
+    xb = x.float().view(M // 128, 128, K // 128, 128)
+    s = xb.abs().amax((1, 3), keepdim=True).clamp_min(1e-12) / 448.0
+    q = (xb / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(M, K)
+    return q, s.view(M // 128, K // 128), q.t().contiguous()
 
 
 def ref_token(x):
@@ -64,4 +82,14 @@ def run(argv) -> dict:
         separate = lambda x: (Q._dual(x, "e4m3fn", 1), Q._dual(x, "e4m3fn", 2))  # noqa: E731
         bench("dual_row_col", rows, lambda x: ops.quantize_fp8_dual(x),
               {"separate_row_col_rocjit": separate, "torch_compile": cd}, nb, nb)
+    # the training layer's calls (rocjit.nn.FP8Linear): the dual quantization with its column blocks transposed (the
+    # wgrad operand) and the weight's tiles with the transposed copy (the dgrad operand)
+    cdt, cwt = (torch.compile(f, dynamic=False) for f in (ref_dual_t, ref_weight_t))
+    for rows in ([4096, 16384] if not quick else [16384]):
+        nb = rows * K * 4 + rows * (K // 128) * 4 + (rows // 128) * K * 4
+        bench("dual_row_col_transposed", rows, lambda x: ops.quantize_fp8_dual(x, transpose_col=True),
+              {"torch_compile": cdt}, nb, nb)
+        nb = rows * K * 4 + (rows // 128) * (K // 128) * 4
+        bench("weight_tiles_transposed", rows, lambda x: ops.quantize_fp8_weight(x, transposed=True),
+              {"torch_compile": cwt}, nb, nb)
     return result
