@@ -522,7 +522,7 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     grid = max(1, min(cfg.get("blocks") or sms, chunks))
     # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
     tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * (wg * 128) * (slabs * nb // 2))
-    tmap = call.derive(functools.partial(_weight_map, kbytes, N), w)
+    tmap = call.derive(_weight_map(kbytes, N), w)
     name = f"skinny_tma_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {nb}, {slabs}, {wg}, {kb}, {stages}, {ep}>"
     call.const(tickets)
     call.const(ws)
@@ -533,10 +533,13 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     return out
 
 
-def _weight_map(kbytes: int, rows: int, address: int) -> bytes:
-    """skinny_tma_kernel's tensor map of a weight matrix of `rows` rows of `kbytes` bytes at `address`."""
+def _weight_map(kbytes: int, rows: int):
+    """address -> skinny_tma_kernel's tensor map of a weight matrix of `rows` rows of `kbytes` bytes at `address`:
+    the function an eager plan calls on every replay (Call.derive), with the encoder bound here rather than imported
+    per call."""
     from rocjit.platform import cuda
-    return cuda.tensor_map_2d(address, kbytes, rows, kbytes, 128, TMA_BOX_ROWS)
+    encode = cuda.tensor_map_2d
+    return lambda address: encode(address, kbytes, rows, kbytes, 128, TMA_BOX_ROWS)
 
 
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, modes: int, scale_a,
