@@ -295,9 +295,10 @@ def test_quantize_dual_and_weight(dtype, shape, fmt):
 
 # the dual quantizer on shapes of a few hundred 128 x 128 tiles with tails in both dimensions, both layouts of the
 # column blocks (transpose_col=True: the [K, M] copy and [K, ceil(M/128)] scale view FP8Linear's wgrad reads).
-# 2096 x 1032 takes the aligned transposed kernel (M a multiple of 16) over 9 column tiles: its grouped tile order
-# (groups of 8 column tiles) ends on a group of one
-@pytest.mark.parametrize("shape", [(2100, 2100), (4100, 1030), (2096, 1032)])
+# 2096 x 1032 and 4224 x 4104 take the aligned transposed path (M a multiple of 16; on NVIDIA the streamed kernel,
+# whose persistent blocks walk 1089 tiles of the second several times each) over 9 and 33 column tiles: the grouped
+# tile order (groups of 8 column tiles) ends on a group of one
+@pytest.mark.parametrize("shape", [(2100, 2100), (4100, 1030), (2096, 1032), (4224, 4104)])
 @pytest.mark.parametrize("transpose_col", [False, True])
 @pytest.mark.parametrize("fmt", FMTS)
 def test_quantize_dual_large_with_tails(shape, transpose_col, fmt):
