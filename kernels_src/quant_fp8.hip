@@ -291,13 +291,14 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
                                                                sm);
 }
 
-// The dual quantization with transposed column blocks (kRowBlocks | kColBlocks, kColT, aligned: cols a multiple of 8,
-// rows of 16, 16-byte aligned tensors), streamed: a persistent block walks the tiles b = blockIdx.x, + gridDim.x, ...
-// (grouped_tile's order) and has the async copy unit bring the next tile's x into shared memory while it quantizes the
-// current one, so its loads are always in flight (each thread copies and later reads only its own 16-byte chunks:
-// no barrier between them). Dynamic shared memory: 2 x 128 rows x 256 bytes. sm_80+ (cp.async); the host selects it
-// on NVIDIA only. H200, bf16, bit-identical to quant_blocks_kernel: 8192 x 14336 174 -> 157 us, 8192 x 4096 54 -> 50.
-template <class T, class F, bool kRowT>
+// The dual quantization (kRowBlocks | kColBlocks; kColT: column blocks transposed; aligned operands: cols a multiple
+// of 8, and of rows 16 with kColT, 16-byte aligned tensors), streamed: a persistent block walks the tiles b =
+// blockIdx.x, + gridDim.x, ... (grouped_tile's order) and has the async copy unit bring the next tile's x into shared
+// memory while it quantizes the current one, so its loads are always in flight (each thread copies and later reads
+// only its own 16-byte chunks: no barrier between them). Dynamic shared memory: 2 x 128 rows x 256 bytes. sm_80+
+// (cp.async); the host selects it on NVIDIA only. H200, bf16, kColT, bit-identical to quant_blocks_kernel: 8192 x
+// 14336 174 -> 157 us, 8192 x 4096 54 -> 50.
+template <class T, class F, bool kColT, bool kRowT>
 __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char* q_row, float* s_row,
                                                                    unsigned char* q_col, float* s_col, const T* x,
                                                                    int rows, int cols) {
@@ -305,7 +306,7 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
     constexpr int kSteps = kQuantBlock / kSlots;
     static_assert(sizeof(chunk_t<T>) == 16, "16-byte chunks");
     grid_dependency_sync();
-    __shared__ quant_blocks_smem<true> sm;
+    __shared__ quant_blocks_smem<kColT> sm;
     extern __shared__ __align__(16) unsigned char ring[];
     const int ct = (cols + kQuantBlock - 1) / kQuantBlock, rt = (rows + kQuantBlock - 1) / kQuantBlock;
     const int tiles = ct * rt;
@@ -338,8 +339,8 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
         for (int s = 0; s < kSteps; ++s) h[s] = *reinterpret_cast<const chunk_t<T>*>(chunk_at(it & 1, s));
         int r, c;
         grouped_tile(b, ct, rt, r, c);
-        quant_tile<T, F, kRowBlocks | kColBlocks, kQuantBlock, true, true, kRowT>(h, r, c, q_row, s_row, q_col, s_col,
-                                                                                 rows, cols, sm);
+        quant_tile<T, F, kRowBlocks | kColBlocks, kQuantBlock, true, kColT, kRowT>(h, r, c, q_row, s_row, q_col, s_col,
+                                                                                  rows, cols, sm);
         __syncthreads();                        // the next tile's maxima and staging reuse sm
     }
 #else
@@ -360,5 +361,6 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
 // rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true, true>
 // rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fnuz, 3, 128, false, false, true>
 // rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 12, 128, false, true, false>
-// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, true>
-// rocjit:check quant_dual_stream_kernel<__half, rocjit::e4m3fnuz, true>
+// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, true, true>
+// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, false, true>
+// rocjit:check quant_dual_stream_kernel<__half, rocjit::e4m3fnuz, true, true>

@@ -96,8 +96,8 @@ def _quantize(call, x, scale, mode, fmt, q=None, s=None):
 
 def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False, row_t=False):
     """Launch quant_blocks_kernel on a contiguous x read as [M, K]; col_t: q_col (and s_col) stored transposed;
-    row_t: s_row (row blocks) stored M-major, [ceil(K/128), M]. The dual quantization with transposed column blocks
-    (FP8Linear's call) on aligned operands runs quant_dual_stream_kernel on NVIDIA sm_80+ (the same outputs)."""
+    row_t: s_row (row blocks) stored M-major, [ceil(K/128), M]. The dual quantization (both row and column blocks) on
+    aligned operands runs quant_dual_stream_kernel on NVIDIA sm_80+ (the same outputs)."""
     dev = x.device.index or 0
     dummy = call.const(C.dummy_f32(dev))
     tile_rows = BLOCK if kmode & (_COL_BLOCKS | _TILE) else (16 if M <= 2048 else 64)
@@ -108,11 +108,12 @@ def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False, 
     args = (q_row if q_row is not None else q_col, s_row if s_row is not None else dummy,
             q_col if q_col is not None else q_row, s_col if s_col is not None else dummy, x, M, K)
     tiles = (C.ceil_div(K, BLOCK), C.ceil_div(M, tile_rows))
-    if kmode == _ROW_BLOCKS | _COL_BLOCKS and col_t and is_aligned:
+    if kmode == _ROW_BLOCKS | _COL_BLOCKS and is_aligned:
         target, _, sms = _gemm._device(dev)
         if target.startswith("sm_") and targets.nvidia_arch(target) >= 80:     # cp.async
             # the streamed dual kernel: two persistent blocks per multiprocessor, each with a 64 KB ring of x
-            name = f"quant_dual_stream_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {C.cbool(row_t)}>"
+            name = (f"quant_dual_stream_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {C.cbool(col_t)}, "
+                    f"{C.cbool(row_t)}>")
             call.launch(_kernel(name), min(tiles[0] * tiles[1], 2 * sms), 256, *args, shared_mem=_STREAM_RING)
             return
     name = (f"quant_blocks_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {kmode}, {tile_rows}, "
