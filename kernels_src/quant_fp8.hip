@@ -296,8 +296,8 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
 // blockIdx.x, + gridDim.x, ... (grouped_tile's order) and has the async copy unit bring the next tile's x into shared
 // memory while it quantizes the current one, so its loads are always in flight (each thread copies and later reads
 // only its own 16-byte chunks: no barrier between them). Dynamic shared memory: 2 x 128 rows x 256 bytes. sm_80+
-// (cp.async); the host selects it on NVIDIA only. H200, bf16, kColT, bit-identical to quant_blocks_kernel: 8192 x
-// 14336 174 -> 157 us, 8192 x 4096 54 -> 50.
+// (cp.async); the host selects it on NVIDIA only. H200, bf16, bit-identical to quant_blocks_kernel: kColT 8192 x
+// 14336 174 -> 153 us, 8192 x 4096 54 -> 48; in x's layout 16384 x 7168 177 -> 159.
 template <class T, class F, bool kColT, bool kRowT>
 __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char* q_row, float* s_row,
                                                                    unsigned char* q_col, float* s_col, const T* x,
