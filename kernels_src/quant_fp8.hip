@@ -11,6 +11,7 @@
 #include <hip/hip_runtime.h>
 #include "rocjit/chunk.h"
 #include "rocjit/device.h"
+#include "rocjit/mma_fp8.h"
 #include "rocjit/warp.h"
 #include "rocjit/stream.h"
 
@@ -320,19 +321,18 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
         for (int s = 0; s < kSteps; ++s) {
             const bool valid = pr + s < rows && pc < cols;
             const T* src = valid ? x + (long long)(pr + s) * cols + pc : x;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(chunk_at(buf, s))), "l"(src),
-                         "r"(valid ? 16 : 0) : "memory");
+            mma8::copy16(chunk_at(buf, s), src, valid);
         }
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        mma8::copy_commit();
     };
     int b = blockIdx.x;
     if (b < tiles) prefetch(b, 0);
     for (int it = 0; b < tiles; b += gridDim.x, ++it) {
         if (b + (int)gridDim.x < tiles) {
             prefetch(b + gridDim.x, (it + 1) & 1);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            mma8::copy_wait<1>();
         } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
+            mma8::copy_wait<0>();
         }
         chunk_t<T> h[kSteps];
 #pragma unroll
@@ -345,7 +345,7 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
     }
 #else
     (void)q_row; (void)s_row; (void)q_col; (void)s_col; (void)x; (void)rows; (void)cols;
-    unsupported_on_target();   // cp.async: the host selects this kernel on NVIDIA only
+    unsupported_on_target();   // its 64 KB ring plus 24 KB exceed gfx90a / gfx942 LDS: the host selects it on NVIDIA only
 #endif
 }
 
