@@ -840,6 +840,18 @@ __global__ void gemm_fp8_splitk_sum(const float* __restrict__ ws, OT* __restrict
     c[i] = from_float<OT>(v);
 }
 
+// The TMA kernel's scale layout (each K block's R scales contiguous, R rounded up to 4 and zero-filled: one bulk
+// copy per K block) from scales of any strides: out [KB, R4], out[kb][r] = s[r * sr + kb * sk] for r < R, else 0.
+// The op's launch for scales in another layout (e.g. quantize_fp8(granularity="block")'s row-major ones), so that a
+// call that needs it is still one an eager plan replays.
+__global__ void gemm_fp8_scales_kblock_rows(const float* __restrict__ s, long long sr, long long sk,
+                                            float* __restrict__ out, int R, int KB, int R4) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)KB * R4) return;
+    const int kb = (int)(i / R4), r = (int)(i - (long long)kb * R4);
+    out[i] = r < R ? s[(long long)r * sr + (long long)kb * sk] : 0.0f;
+}
+
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__hip_bfloat16, 128, 128, 6, true, true, false, false, true>
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__hip_bfloat16, 128, 128, 4, false, true, false, false, true>
 // rocjit:check gemm_fp8_blockwise_sm90_kernel<__hip_bfloat16, 64, 128, 4, false, true, false, false, true>
@@ -869,3 +881,4 @@ __global__ void gemm_fp8_splitk_sum(const float* __restrict__ ws, OT* __restrict
 // rocjit:check gemm_fp8_splitk_sum<__hip_bfloat16>
 // rocjit:check gemm_fp8_splitk_sum<float>
 // rocjit:check gemm_fp8_splitk_sum<__half>
+// rocjit:check gemm_fp8_scales_kblock_rows

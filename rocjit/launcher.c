@@ -456,7 +456,8 @@ static PyTypeObject LauncherType = {
 /* An op's eager plans (rocjit.ops._op). A plan is what one successful call of an op did -- the outputs it
  * allocated and the launches it made, each argument of each launch named as an op argument, an output or a
  * constant -- keyed by everything the op's checks looked at: each tensor argument's dtype, shape, device,
- * contiguity and 16-byte alignment, the exact type of each forwarded scalar and the value of each option. A call
+ * contiguity (a tensor that is not contiguous: its strides) and 16-byte alignment, the exact type of each forwarded
+ * scalar and the value of each option. A call
  * whose arguments match a plan's key allocates that plan's outputs with the framework's own allocation (each
  * output's `make`, e.g. a prototype tensor's new_empty, called with the output's sizes: real framework tensors, so
  * the caching allocator knows them and Tensor.record_stream works on them, which it silently did not on tensors
@@ -468,20 +469,24 @@ static PyTypeObject LauncherType = {
 #define RJ_MAX_OUTS 8
 #define RJ_MAX_PLANS 64
 #define RJ_MAX_DERIVED 4
+#define RJ_MAX_VIEWS 4
 
 typedef struct {
     char kind;                 /* 'N' None, 'T' tensor, 'S' forwarded scalar, 'O' option */
     uint32_t dtype;
     int32_t device_type, device_id;
-    int ndim, aligned;
+    int ndim, aligned, strided;
     int64_t shape[RJ_MAX_DIMS];
+    int64_t strides[RJ_MAX_DIMS];   /* 'T' and strided (not contiguous): its strides in elements */
     void *data;                /* 'T': this call's data pointer (not part of the key) */
     PyTypeObject *type;        /* 'S' and 'O': the exact type */
     PyObject *value;           /* 'O': the value (strong reference), compared by == */
 } rj_argkey;
 
 typedef struct { char kind; int index; } rj_ref;   /* 'a' op argument, 'o' output, 'c' constant, 'd' derived,
-                                                       'n' None */
+                                                       'v' the data pointer of an op argument (a launch's pointer
+                                                       parameter given a view of it), 'w' a view of an output
+                                                       (results only), 'n' None */
 
 typedef struct {
     PyObject *launcher, *kwnames, *shared;
@@ -513,6 +518,9 @@ typedef struct {
     int nderived;                       /* values made per call from an op argument's data pointer: */
     PyObject *derive[RJ_MAX_DERIVED];   /*   derive[i](pointer as int), e.g. a TMA tensor map of that tensor */
     int derive_arg[RJ_MAX_DERIVED];     /*   ... of op argument derive_arg[i] (a tensor) */
+    int nviews;                         /* results that are views of outputs: */
+    PyObject *view_fn[RJ_MAX_VIEWS];    /*   view_fn[i](output), e.g. its transpose */
+    int view_out[RJ_MAX_VIEWS];         /*   ... of output view_out[i] */
 } Plan;
 
 static void plan_dealloc(Plan *self) {
@@ -524,6 +532,7 @@ static void plan_dealloc(Plan *self) {
     }
     for (int i = 0; i < self->nconsts; i++) Py_XDECREF(self->consts[i]);
     for (int i = 0; i < self->nderived; i++) Py_XDECREF(self->derive[i]);
+    for (int i = 0; i < self->nviews; i++) Py_XDECREF(self->view_fn[i]);
     for (int i = 0; i < self->nlaunches; i++) {
         Py_XDECREF(self->launches[i].launcher);
         Py_XDECREF(self->launches[i].kwnames);
@@ -588,8 +597,9 @@ static int arg_key(const Plans *s, int i, PyObject *o, rj_argkey *k, uint64_t *h
         if (!known) return -1;
         rj_tensor dl;
         if (s->api->dltensor_from_py_object_no_sync(o, &dl) != 0) { PyErr_Clear(); return -1; }
-        if (dl.ndim > RJ_MAX_DIMS || !contiguous(&dl) || dl.dtype.code == RJ_DL_COMPLEX) return -1;
+        if (dl.ndim > RJ_MAX_DIMS || dl.dtype.code == RJ_DL_COMPLEX) return -1;
         k->kind = 'T';
+        k->strided = !contiguous(&dl);
         k->dtype = (uint32_t)dl.dtype.code | (uint32_t)dl.dtype.bits << 8 | (uint32_t)dl.dtype.lanes << 16;
         k->device_type = dl.device.device_type;
         k->device_id = dl.device.device_id;
@@ -597,8 +607,10 @@ static int arg_key(const Plans *s, int i, PyObject *o, rj_argkey *k, uint64_t *h
         k->data = (char *)dl.data + dl.byte_offset;
         k->aligned = ((uintptr_t)k->data & 15) == 0;
         *h = mix(mix(mix(mix(*h, 'T'), k->dtype), (uint64_t)k->device_type << 32 | (uint32_t)k->device_id),
-                 (uint64_t)k->ndim << 1 | (uint64_t)k->aligned);
+                 (uint64_t)k->ndim << 2 | (uint64_t)k->strided << 1 | (uint64_t)k->aligned);
         for (int d = 0; d < dl.ndim; d++) { k->shape[d] = dl.shape[d]; *h = mix(*h, (uint64_t)dl.shape[d]); }
+        if (k->strided)
+            for (int d = 0; d < dl.ndim; d++) { k->strides[d] = dl.strides[d]; *h = mix(*h, (uint64_t)dl.strides[d]); }
         return 0;
     }
     k->type = Py_TYPE(o);
@@ -631,19 +643,24 @@ static int key_equal(const rj_argkey *a, const rj_argkey *b) {
     }
     default:
         if (a->dtype != b->dtype || a->device_type != b->device_type || a->device_id != b->device_id ||
-            a->ndim != b->ndim || a->aligned != b->aligned)
+            a->ndim != b->ndim || a->aligned != b->aligned || a->strided != b->strided)
             return 0;
+        if (a->strided && memcmp(a->strides, b->strides, sizeof(int64_t) * (size_t)a->ndim) != 0) return 0;
         return memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
     }
 }
 
+/* The object a reference names in one replay (borrowed). 'v': the argument's data pointer as an int (made by the
+ * caller in ptrs: the launchers' Python path takes a pointer so); 'w': a result view (made by the caller). */
 static PyObject *ref_object(const rj_ref *r, PyObject *const *args, PyObject **outs, PyObject **consts,
-                            PyObject **derived) {
+                            PyObject **derived, PyObject **ptrs, PyObject **views) {
     switch (r->kind) {
     case 'a': return args[r->index];
     case 'o': return outs[r->index];
     case 'c': return consts[r->index];
     case 'd': return derived[r->index];
+    case 'v': return ptrs[r->index];
+    case 'w': return views[r->index];
     default: return Py_None;
     }
 }
@@ -676,7 +693,12 @@ static int launch_direct(Launcher *lz, const rj_launch *L, const Plan *plan, con
         if (p->code == 'P') {
             void *ptr;
             switch (r->kind) {
-            case 'a': if (keys[r->index].kind != 'T') return -1; ptr = keys[r->index].data; break;
+            case 'a':
+                /* a strided argument given as it is: the launcher's own path decides (it takes none) */
+                if (keys[r->index].kind != 'T' || keys[r->index].strided) return -1;
+                ptr = keys[r->index].data;
+                break;
+            case 'v': if (keys[r->index].kind != 'T') return -1; ptr = keys[r->index].data; break;
             case 'o': ptr = out_ptrs[r->index]; break;
             case 'c': if (!plan->const_is_tensor[r->index]) return -1; ptr = plan->const_ptrs[r->index]; break;
             case 'd': return -1;
@@ -712,7 +734,9 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
     PyObject *stack[RJ_MAX_PARAMS + 1];
     PyObject *result = NULL;
     PyObject *derived[RJ_MAX_DERIVED] = {0};
-    int nouts = 0, nderived = 0;
+    PyObject *ptrs[RJ_MAX_OP_ARGS] = {0};
+    PyObject *views[RJ_MAX_VIEWS] = {0};
+    int nouts = 0, nderived = 0, nviews = 0;
 
     if (kwnames || nargs != self->nargs || self->nplans == 0) goto fallback;
     for (int i = 0; i < self->nargs; i++)
@@ -777,28 +801,37 @@ static PyObject *plans_vectorcall(Plans *self, PyObject *const *args, size_t nar
             self->direct++;
             continue;
         }
-        for (int a = 0; a < L->nargs; a++) stack[a] = ref_object(&L->args[a], args, outs, plan->consts, derived);
+        for (int a = 0; a < L->nargs; a++) {
+            const rj_ref *r = &L->args[a];
+            if (r->kind == 'v' && !ptrs[r->index] && !(ptrs[r->index] = PyLong_FromVoidPtr(keys[r->index].data)))
+                goto done;
+            stack[a] = ref_object(r, args, outs, plan->consts, derived, ptrs, views);
+        }
         if (L->kwnames) stack[L->nargs] = L->shared;
         PyObject *r = PyObject_Vectorcall(L->launcher, stack, (size_t)L->nargs, L->kwnames);
         if (!r) goto done;               /* the launcher's own Python path raised: a real error, passed on */
         Py_DECREF(r);
     }
+    for (; nviews < plan->nviews; nviews++)    /* launched: a view that fails is a real error, passed on */
+        if (!(views[nviews] = PyObject_CallOneArg(plan->view_fn[nviews], outs[plan->view_out[nviews]]))) goto done;
     if (plan->result_tuple) {
         result = PyTuple_New(plan->nresult);
         if (!result) goto done;
         for (int r = 0; r < plan->nresult; r++) {
-            PyObject *o = ref_object(&plan->result[r], args, outs, plan->consts, derived);
+            PyObject *o = ref_object(&plan->result[r], args, outs, plan->consts, derived, ptrs, views);
             Py_INCREF(o);
             PyTuple_SET_ITEM(result, r, o);
         }
     } else {
-        result = ref_object(&plan->result[0], args, outs, plan->consts, derived);
+        result = ref_object(&plan->result[0], args, outs, plan->consts, derived, ptrs, views);
         Py_INCREF(result);
     }
     self->hits++;
 done:
     for (int j = 0; j < nouts; j++) Py_XDECREF(outs[j]);
     for (int j = 0; j < nderived; j++) Py_XDECREF(derived[j]);
+    for (int j = 0; j < nviews; j++) Py_XDECREF(views[j]);
+    for (int j = 0; j < self->nargs; j++) Py_XDECREF(ptrs[j]);
     Py_DECREF(plan);
     return result;
 miss:
@@ -845,13 +878,16 @@ static int plans_init(Plans *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts, int nderived) {
+/* One reference: of a launch (nviews 0, so 'w' is refused) or of the result (nargs_v 0 and nderived 0: 'v' and
+ * 'd' are refused) */
+static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nargs_v, int nouts, int nconsts, int nderived,
+                     int nviews) {
     const char *kind;
     int index;
     if (o == Py_None) { r->kind = 'n'; r->index = 0; return 0; }
     if (!PyArg_ParseTuple(o, "si", &kind, &index)) return -1;
-    int limit = kind[0] == 'a' ? nargs : kind[0] == 'o' ? nouts : kind[0] == 'c' ? nconsts :
-                kind[0] == 'd' ? nderived : -1;
+    int limit = kind[0] == 'a' ? nargs : kind[0] == 'v' ? nargs_v : kind[0] == 'o' ? nouts :
+                kind[0] == 'c' ? nconsts : kind[0] == 'd' ? nderived : kind[0] == 'w' ? nviews : -1;
     if (kind[1] || index < 0 || index >= limit) {
         PyErr_Format(PyExc_ValueError, "bad reference (%s, %d)", kind, index);
         return -1;
@@ -861,22 +897,48 @@ static int parse_ref(PyObject *o, rj_ref *r, int nargs, int nouts, int nconsts, 
     return 0;
 }
 
-/* plans.add(args, outputs, consts, launches, result, as_tuple, stream, group=None, derived=())
+/* derived / views of plans.add: a list (or NULL) of at most `max` (callable, index) pairs, index < limit and, with
+ * `s` given, naming a tensor argument; into fns (new references) and idx, *n counting those taken. -1: an error set. */
+static int fn_index_pairs(PyObject *list, int max, int limit, const char *what, const Plans *s, const Plan *p,
+                          PyObject **fns, int *idx, int *n) {
+    Py_ssize_t count = list ? PyList_GET_SIZE(list) : 0;
+    if (count > max) { PyErr_Format(PyExc_ValueError, "%s: at most %d", what, max); return -1; }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *fn;
+        int at;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "Oi", &fn, &at)) return -1;
+        if (!PyCallable_Check(fn) || at < 0 || at >= limit ||
+            (s && (s->roles[at] != 'T' || p->args[at].kind != 'T'))) {
+            PyErr_SetString(PyExc_ValueError, what);
+            return -1;
+        }
+        Py_INCREF(fn);
+        fns[i] = fn;
+        idx[i] = at;
+        *n = (int)i + 1;
+    }
+    return 0;
+}
+
+/* plans.add(args, outputs, consts, launches, result, as_tuple, stream, group=None, derived=(), views=())
  *   args: the op arguments of the call being recorded (its key is read from them, as a later call's would be)
  *   outputs: [(shape, make), ...]: make(*shape) makes each (make(()) for a 0-d output)
  *   group: None, or the torch allocator's Outputs making the same outputs in one call (set_allocator first)
- *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | ("d", l) | None
+ *   launches: [(launcher, [ref, ...], shared_mem), ...] with ref ("a", i) | ("o", j) | ("c", k) | ("d", l) |
+ *     ("v", i) (a pointer parameter given a view of tensor argument i: that argument's data pointer) | None
  *   derived: [(fn, i), ...]: value l of a call is fn(data pointer of its op argument i, an int), made before its
  *     launches (a tensor map of that tensor...): the one kind of launch argument that follows a pointer
- *   result: [ref, ...], returned as a tuple when as_tuple, else its one element
+ *   views: [(fn, j), ...]: view m of a call is fn(its output j), made after its launches (e.g. a transpose)
+ *   result: [ref, ...] (("w", m) a view, or "a" / "o" / "c" / None), returned as a tuple when as_tuple, else its
+ *     one element
  *   stream: None, or the stream handle the plan is bound to (its constants belong to that stream)
  * Returns True when the plan was added, False when this call cannot be a plan (e.g. no tensor argument). */
 static PyObject *plans_add(Plans *self, PyObject *args) {
-    PyObject *call, *outputs, *consts, *launches, *result, *stream, *group = Py_None, *derived = NULL;
+    PyObject *call, *outputs, *consts, *launches, *result, *stream, *group = Py_None, *derived = NULL, *views = NULL;
     int as_tuple;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!pO|OO!", &PyTuple_Type, &call, &PyList_Type, &outputs, &PyList_Type,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!pO|OO!O!", &PyTuple_Type, &call, &PyList_Type, &outputs, &PyList_Type,
                           &consts, &PyList_Type, &launches, &PyList_Type, &result, &as_tuple, &stream, &group,
-                          &PyList_Type, &derived))
+                          &PyList_Type, &derived, &PyList_Type, &views))
         return NULL;
     if (group != Py_None && (!alloc_api || Py_TYPE(group) != alloc_api->type ||
                              alloc_api->count(group) != (int)PyList_GET_SIZE(outputs))) {
@@ -964,22 +1026,11 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
             p->const_is_tensor[k] = 1;
         }
     }
-    Py_ssize_t nd = derived ? PyList_GET_SIZE(derived) : 0;
-    if (nd > RJ_MAX_DERIVED) { PyErr_SetString(PyExc_ValueError, "derived: too many"); goto fail; }
-    for (Py_ssize_t d = 0; d < nd; d++) {
-        PyObject *fn;
-        int arg;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(derived, d), "Oi", &fn, &arg)) goto fail;
-        if (!PyCallable_Check(fn) || arg < 0 || arg >= self->nargs || self->roles[arg] != 'T' ||
-            p->args[arg].kind != 'T') {
-            PyErr_SetString(PyExc_ValueError, "derived: (callable, index of a tensor argument)");
-            goto fail;
-        }
-        Py_INCREF(fn);
-        p->derive[d] = fn;
-        p->derive_arg[d] = arg;
-        p->nderived = (int)d + 1;
-    }
+    if (fn_index_pairs(derived, RJ_MAX_DERIVED, self->nargs, "derived: (callable, index of a tensor argument)",
+                       self, p, p->derive, p->derive_arg, &p->nderived) ||
+        fn_index_pairs(views, RJ_MAX_VIEWS, p->nouts, "views: (callable, index of an output)", NULL, p, p->view_fn,
+                       p->view_out, &p->nviews))
+        goto fail;
     Py_ssize_t nl = PyList_GET_SIZE(launches);
     p->launches = PyMem_Calloc(nl ? nl : 1, sizeof(rj_launch));
     if (!p->launches) { PyErr_NoMemory(); goto fail; }
@@ -997,9 +1048,15 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
         L->nargs = (int)PyList_GET_SIZE(refs);
         L->args = PyMem_Calloc(L->nargs ? L->nargs : 1, sizeof(rj_ref));
         if (!L->args) { PyErr_NoMemory(); goto fail; }
-        for (int a = 0; a < L->nargs; a++)
-            if (parse_ref(PyList_GET_ITEM(refs, a), &L->args[a], self->nargs, p->nouts, p->nconsts, p->nderived))
+        for (int a = 0; a < L->nargs; a++) {
+            if (parse_ref(PyList_GET_ITEM(refs, a), &L->args[a], self->nargs, self->nargs, p->nouts, p->nconsts,
+                          p->nderived, 0))
                 goto fail;
+            if (L->args[a].kind == 'v' && p->args[L->args[a].index].kind != 'T') {
+                PyErr_SetString(PyExc_ValueError, "a ('v', i) reference names a tensor argument");
+                goto fail;
+            }
+        }
         if (!PyLong_CheckExact(shared)) { PyErr_SetString(PyExc_TypeError, "shared_mem: an int"); goto fail; }
         if (PyObject_IsTrue(shared)) {
             L->kwnames = Py_BuildValue("(O)", str_shared_mem);
@@ -1017,7 +1074,8 @@ static PyObject *plans_add(Plans *self, PyObject *args) {
     p->result = PyMem_Calloc(p->nresult, sizeof(rj_ref));
     if (!p->result) { PyErr_NoMemory(); goto fail; }
     for (int r = 0; r < p->nresult; r++)
-        if (parse_ref(PyList_GET_ITEM(result, r), &p->result[r], self->nargs, p->nouts, p->nconsts, 0)) goto fail;
+        if (parse_ref(PyList_GET_ITEM(result, r), &p->result[r], self->nargs, 0, p->nouts, p->nconsts, 0, p->nviews))
+            goto fail;
     if (stream != Py_None) {
         p->stream = PyLong_AsVoidPtr(stream);
         if (!p->stream && PyErr_Occurred()) goto fail;
@@ -1059,7 +1117,8 @@ static void plans_dealloc(Plans *self) {
 static PyObject *plans_len(Plans *self, void *closure) { return PyLong_FromLong(self->nplans); }
 
 static PyMethodDef plans_methods[] = {
-    {"add", (PyCFunction)plans_add, METH_VARARGS, "add(args, outputs, consts, launches, result, as_tuple, stream, group=None, derived=())"},
+    {"add", (PyCFunction)plans_add, METH_VARARGS,
+     "add(args, outputs, consts, launches, result, as_tuple, stream, group=None, derived=(), views=())"},
     {"clear", (PyCFunction)plans_clear_all, METH_NOARGS, "forget every plan"},
     {NULL}
 };
@@ -1182,6 +1241,8 @@ PyMODINIT_FUNC PyInit__rocjit_launch(void) {
         PyModule_AddObject(m, "Launcher", (PyObject *)&LauncherType) < 0 ||
         PyModule_AddObjectRef(m, "Plans", (PyObject *)&PlansType) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PLANS", RJ_MAX_PLANS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_DERIVED", RJ_MAX_DERIVED) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_VIEWS", RJ_MAX_VIEWS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PARAMS", RJ_MAX_PARAMS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_BLOCK", RJ_MAX_BLOCK) < 0 ||
         PyModule_AddIntConstant(m, "MAX_DEVICES", RJ_MAX_DEVICES) < 0) {

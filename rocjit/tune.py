@@ -221,12 +221,16 @@ def export_defaults(path, *, device: str | None = None) -> int:
 
 
 def clear_memory() -> None:
-    """Forget winners held in this process, and the shipped defaults read (tests; after editing by hand)."""
+    """Forget winners held in this process, and the shipped defaults read (tests; after editing by hand), and the
+    ops' eager plans, which replay launches chosen with them."""
     global _shipped_cache, generation
     with _lock:
         _memory.clear()
         _shipped_cache = None
         generation += 1
+    registry = sys.modules.get("rocjit.ops._op")
+    if registry is not None:
+        registry.clear_plans()
 
 
 # ----------------------------------------------------------------------------- policy

@@ -410,3 +410,135 @@ def test_call_derive_of_anything_but_an_argument_leaves_no_plan(derived_op):
         fn(x, x, of_output=True)        # the output's address is new every call: no plan may keep its value
     assert entry.plans is None or entry.plans.size == 0
     assert len(kern.rec.calls) == 3
+
+
+# ----------------------------------------------------------------------------- strided arguments, views
+def test_limits_are_the_native_ones(mod):
+    assert (_op.MAX_DERIVED, _op.MAX_VIEWS) == (mod.MAX_DERIVED, mod.MAX_VIEWS)
+
+
+def test_a_strided_argument_is_keyed_by_its_strides(mod):
+    """A tensor that is not contiguous keys its strides: a call with the same layout replays, one with the same
+    shape in another layout (contiguous, or other strides) takes the Python path."""
+    P, fb = _plans(mod, "T")
+    rec = Rec()
+    x = torch.randn(64, 4).t()                          # [4, 64], strides (1, 4)
+    assert P.add((x,), [], [], [(rec, [("v", 0)], 0)], [("a", 0)], False, None)
+    x2 = torch.randn(64, 4).t()
+    assert P(x2) is x2 and rec.calls[-1][0] == (x2.data_ptr(),)
+    for other in (torch.randn(4, 64), torch.randn(128, 4)[::2].t(), torch.randn(4, 64, 2)[:, :, 0]):
+        assert other.shape == (4, 64)
+        assert P(other) == "fallback"
+    assert P.hits == 1 and len(fb.calls) == 3
+
+
+def test_a_view_reference_passes_the_arguments_pointer(mod):
+    """("v", i): a pointer parameter given a view of argument i gets that argument's data pointer, from the
+    native launcher's direct path and, as an int, through a Python launcher alike."""
+    drv, lfb = Driver(), Fallback()
+    spec, _ = _spec(mod, drv)
+    launcher = mod.Launcher(spec, (3, 1, 1), (64, 1, 1), lfb)
+    P, fb = _plans(mod, "TTS")
+    x = torch.randn(64)
+    y = torch.randn(16, 16).t()                         # strided: the launcher itself takes no such tensor
+    refs = [("a", 2), ("a", 0), ("v", 1), ("c", 0), ("c", 1), ("c", 2), ("c", 3), ("c", 4)]
+    rec = Rec()
+    assert P.add((x, y, 2.5), [], [7, 2**64 - 1, True, -0.125, -5],
+                 [(launcher, refs, 0), (rec, [("v", 1), ("a", 0)], 0)], [("a", 0)], False, None)
+    x2, y2 = torch.randn(64), torch.randn(16, 16).t()
+    assert P(x2, y2, 1.5) is x2
+    assert drv.calls[-1][5] == (1.5, x2.data_ptr(), y2.data_ptr(), 7, 2**64 - 1, True, -0.125, -5)
+    assert rec.calls[-1][0] == (y2.data_ptr(), x2)
+    assert P.direct == 1 and lfb.calls == [] and fb.calls == []
+
+
+def test_a_strided_argument_given_as_it_is_is_left_to_the_launcher(mod):
+    """("a", i) of a strided tensor is not packed directly (the launcher takes no strided tensor): the launcher's
+    own path gets the tensor and decides."""
+    drv, lfb = Driver(), Fallback()
+    spec, _ = _spec(mod, drv)
+    launcher = mod.Launcher(spec, (1, 1, 1), (32, 1, 1), lfb)
+    P, _ = _plans(mod, "TT")
+    x, y = torch.randn(64), torch.randn(16, 16).t()
+    refs = [("c", 0), ("a", 0), ("a", 1), ("c", 1), ("c", 2), ("c", 3), ("c", 4), ("c", 5)]
+    assert P.add((x, y), [], [2.5, 7, 5, True, -0.125, -5], [(launcher, refs, 0)], [("a", 0)], False, None)
+    P(x, y)
+    assert P.direct == 0 and drv.calls == [] and lfb.calls[0][0][2] is y
+
+
+def test_result_views_are_made_again_from_each_replays_outputs(mod):
+    P, fb = _plans(mod, "T")
+    rec = Rec()
+    x = torch.randn(8)
+    assert P.add((x,), [_out((3, 5), torch.float32), _out((2, 4), torch.float32)], [],
+                 [(rec, [("o", 0), ("o", 1), ("a", 0)], 0)], [("o", 0), ("w", 0), ("w", 1)], True, None, None, [],
+                 [(torch.Tensor.t, 1), (lambda t: t[1:], 0)])
+    for _ in range(2):
+        a, b, c = P(torch.randn(8))
+        o0, o1, _ = rec.calls[-1][0]
+        assert a is o0 and b.shape == (4, 2) and b.stride() == (1, 4) and b.data_ptr() == o1.data_ptr()
+        assert c.shape == (2, 5) and c.data_ptr() == o0[1:].data_ptr()
+    assert P.hits == 2 and fb.calls == []
+
+
+def test_bad_views_and_view_references_are_refused(mod):
+    P, _ = _plans(mod, "TO")
+    x = torch.randn(8)
+    out = [_out((2, 4), torch.float32)]
+    bad = [
+        dict(views=[(torch.Tensor.t, 1)]),                                   # no output 1
+        dict(views=[("not callable", 0)]),
+        dict(views=[(torch.Tensor.t, 0)] * (_op.MAX_VIEWS + 1)),
+        dict(result=[("w", 0)]),                                             # no view 0
+        dict(result=[("v", 0)]),                                             # a pointer is not a result
+        dict(launch=[("w", 0)], views=[(torch.Tensor.t, 0)]),                # views are made after the launches
+        dict(launch=[("v", 1)]),                                             # argument 1 is an option
+    ]
+    for b in bad:
+        with pytest.raises((ValueError, TypeError)):
+            P.add((x, 3), out, [], [(Rec(), b.get("launch", [("o", 0)]), 0)], b.get("result", [("o", 0)]), False,
+                  None, None, [], b.get("views", []))
+    assert P.size == 0
+
+
+@pytest.fixture
+def view_op(mod):
+    kern = FakeKernel()
+
+    def full(call, x, w, *, alias_of="w", view_of="y"):
+        y = call.empty((x.shape[0], 2), x.dtype, x.device)
+        src = {"w": w, "x": x, "copy": w.clone()}[alias_of]
+        wt = call.alias(w.t() if alias_of == "w" else src.t(), src)
+        call.launch(kern, 1, 32, y, x, wt)
+        return call.done((y, call.view(torch.Tensor.t, y if view_of == "y" else x)))
+
+    fn = _op.op(roles="TTOO", name="_fake_view_op_for_tests")(full)
+    yield fn, _op.REGISTRY["_fake_view_op_for_tests"], kern
+    del _op.REGISTRY["_fake_view_op_for_tests"]
+
+
+def test_call_alias_and_view_record_a_plan_that_follows_its_tensors(view_op):
+    """A transposed (strided) argument handed to a kernel as a view at its address, and a result that is a view of
+    an output: replays pass the new argument's pointer and return the new output's view."""
+    fn, entry, kern = view_op
+    x = torch.randn(16)
+    fn(x, torch.randn(8, 16).t())
+    for _ in range(3):
+        w = torch.randn(8, 16).t()
+        y, yt = fn(x, w)
+        args = kern.rec.calls[-1][0]
+        assert args[0] is y and args[1] is x and args[2] == w.data_ptr()
+        assert yt.shape == (2, 16) and yt.data_ptr() == y.data_ptr()
+    assert entry.plans.hits == 3
+    fn(x, torch.randn(16, 8))                         # the same shape, contiguous: another key, the full path
+    assert entry.plans.hits == 3
+
+
+@pytest.mark.parametrize("why", [dict(alias_of="copy"), dict(view_of="x")])
+def test_call_alias_and_view_of_anything_else_leave_no_plan(view_op, why):
+    fn, entry, kern = view_op
+    x = torch.randn(16)
+    for _ in range(3):
+        fn(x, torch.randn(8, 16).t(), **why)
+    assert entry.plans is None or entry.plans.size == 0
+    assert len(kern.rec.calls) == 3

@@ -15,7 +15,8 @@ What the skeleton gives every op:
 - **the eager fast path.** A call with torch tensors records what it did (the outputs it allocated and the
   launches it made, each launch argument named as an op argument, an output or a constant) into the op's
   native `Plans` (rocjit/launcher.c). A later call whose arguments match -- every tensor's dtype, shape, device,
-  contiguity and 16-byte alignment, each forwarded scalar's type, each option's value -- is replayed in C: one
+  strides where it is not contiguous, 16-byte alignment, each forwarded scalar's type, each option's value -- is
+  replayed in C: one
   torch allocation per output, or one for all of them where they are small (rocjit's torch allocator, else a
   prototype's new_empty; see _maker and _group) and the same native launchers. Anything else takes the full path
   again, so every check and every error message stays where it is
@@ -25,7 +26,9 @@ What the skeleton gives every op:
   converted numpy array), an int that is not fixed by the key, or a call made while a CUDA graph is captured
   leaves no plan. A plan that holds per-stream state (`Call.bind_stream`) is replayed on that stream only. A
   launch argument made from a tensor argument's address (`Call.derive`: a TMA tensor map) is made again by the
-  replay, in C, for the replay's tensor.
+  replay, in C, for the replay's tensor. A view of a tensor argument that starts at its address (`Call.alias`: a
+  transpose, a uint8 view) is passed to a kernel as that argument's data pointer, and a result that is a view of an
+  output (`Call.view`: a transpose) is made again by the replay with the same function.
 - **torch.compile.** While dynamo traces, the public function runs the full path, which calls the op's
   `torch.ops.rocjit.<name>` custom op (registered from the op's `custom_op` builder). An op whose checks take
   any strides may say `flexible_layout=True` (torch's tag): inductor then hands it buffers as they are, where it
@@ -43,6 +46,7 @@ from typing import Callable
 
 REGISTRY: dict[str, "Op"] = {}
 MAX_DERIVED = 4         # derived launch arguments a plan holds (RJ_MAX_DERIVED in rocjit/launcher.c)
+MAX_VIEWS = 4           # result views a plan holds (RJ_MAX_VIEWS in rocjit/launcher.c)
 
 
 @dataclass
@@ -194,7 +198,7 @@ class Call:
     """Runs an op's allocations and launches, and records them as a plan when the call can be one.
 
     `Call(None)` (torch.compile's path, the tuner, tests) only runs them."""
-    __slots__ = ("op", "args", "_known", "_outs", "_consts", "_derived", "_launches", "_stream", "ok")
+    __slots__ = ("op", "args", "_known", "_outs", "_consts", "_derived", "_views", "_launches", "_stream", "ok")
 
     def __init__(self, entry: Op | None, args: tuple = ()):
         self.op, self.args = entry, args
@@ -208,7 +212,7 @@ class Call:
                     if type(a) is not float:        # an int or bool would be recorded as a constant
                         self.ok = False
                     self._known[id(a)] = ("a", i)
-        self._outs, self._consts, self._derived, self._launches, self._stream = [], [], [], [], None
+        self._outs, self._consts, self._derived, self._views, self._launches, self._stream = [], [], [], [], [], None
 
     def forget(self) -> None:
         """This call must not become a plan (an out= argument, a converted input, a data-dependent choice...)."""
@@ -236,12 +240,38 @@ class Call:
         depend on nothing else the plan's key does not fix. Of any other tensor (an output, a copy), no plan."""
         value = fn(tensor.data_ptr())
         if self.ok:
-            r = self._known.get(id(tensor))
-            if r is None or r[0] != "a" or id(value) in self._known or len(self._derived) == MAX_DERIVED:
+            r = self._known.get(id(tensor))         # an argument, or a view of one at its address (alias)
+            if r is None or r[0] not in "av" or id(value) in self._known or len(self._derived) == MAX_DERIVED:
                 self.ok = False
             else:
                 self._known[id(value)] = ("d", len(self._derived))
                 self._derived.append((fn, r[1], value))      # the value kept alive: its id stays its own
+        return value
+
+    def alias(self, view, tensor):
+        """view: a tensor over `tensor`'s memory from its first element on (its transpose, a uint8 view...), handed
+        to kernels as a pointer. A replay passes its own argument's data pointer there; the key fixes the argument's
+        dtype, shape and strides, so the view's layout is the one this call checked. Of anything but an argument (or
+        a view not at its address), no plan."""
+        if self.ok:
+            r = self._known.get(id(tensor))
+            if r is None or r[0] not in "av" or view.data_ptr() != tensor.data_ptr():
+                self.ok = False
+            elif id(view) not in self._known:
+                self._known[id(view)] = ("v", r[1])
+        return view
+
+    def view(self, fn, output):
+        """fn(output): a result that is a view of an output (e.g. torch.Tensor.t), which a replay makes again with
+        fn from its own output. Of anything but an output, no plan."""
+        value = fn(output)
+        if self.ok:
+            r = self._known.get(id(output))
+            if r is None or r[0] != "o" or len(self._views) == MAX_VIEWS:
+                self.ok = False
+            else:
+                self._known[id(value)] = ("w", len(self._views))
+                self._views.append((fn, r[1], value))        # the value kept alive: its id stays its own
         return value
 
     def bind_stream(self) -> None:
@@ -258,6 +288,8 @@ class Call:
         kernel[grid, block](*args, shared_mem=shared_mem)
         if self.ok:
             refs = [self._ref(a) for a in args]
+            if any(r is not None and r[0] == "w" for r in refs):
+                self.ok = False                     # result views are made after the launches
             if self.ok:
                 self._launches.append((kernel[grid, block], refs, int(shared_mem), kernel))
 
@@ -285,7 +317,7 @@ class Call:
         refs = []
         for r in items:
             ref = self._ref(r) if r is not None else None
-            if not self.ok or (r is not None and ref[0] == "c"):
+            if not self.ok or (r is not None and ref[0] in "cv"):
                 return result
             refs.append(tuple(ref) if ref is not None else None)
         makers = [_maker(t.dtype, t.device) for t, _ in self._outs]
@@ -300,7 +332,8 @@ class Call:
         _activate(self.op)
         if self.op.plans is not None:
             self.op.plans.add(tuple(self.args), outputs, list(self._consts), launches, refs,
-                              type(result) is tuple, self._stream, group, [(fn, i) for fn, i, _ in self._derived])
+                              type(result) is tuple, self._stream, group, [(fn, i) for fn, i, _ in self._derived],
+                              [(fn, j) for fn, j, _ in self._views])
             if provisional:
                 from rocjit import native
                 if not native.torch_alloc_building():

@@ -333,34 +333,35 @@ def _launch(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, call=UNRECORD
 
 
 def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, call):
-    """The TMA kernel: the operands go in as tensor maps (by-value kernel parameters, encoded by the driver for
-    each new address and shape), so a call records no plan: it is for products whose GPU time dwarfs the host's."""
-    call.forget()           # tensor maps are encoded per address: no plan can replay this launch
-    bm, cluster = cfg["bm"], cfg["cluster"]
-    launcher = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
-    return _tma_run(launcher, c, a_km.data_ptr(), a_km.stride(0), b_km.data_ptr(), b_km.stride(0), bm // cluster,
-                    cfg["bn"], sa, sb, M, N, K, sb_rows, smem_bytes(cfg), cfg.get("splits", 1))
-
-
-def _tma_run(launcher, c, a_ptr, lda, b_ptr, ldb, box_a, box_b, sa, sb, M, N, K, sb_rows, smem, splits):
-    """One TMA-kernel launch into c: the scales laid out as its bulk copies read them (_k_block_rows), the operands'
-    tensor maps (cuda.tensor_map_2d keeps them per address); with split-K, its fp32 partials in the stream's
-    workspace, summed into c in split order by gemm_fp8_splitk_sum. The full path and the repeated-call path end
-    here."""
-    from rocjit.platform import cuda
-    sa = _k_block_rows(sa, M, K)
+    """The TMA kernel: the operands go in as tensor maps (by-value kernel parameters, encoded by the driver for each
+    address; cuda.tensor_map_2d keeps them per address), which an eager plan makes again from each call's operands
+    (Call.derive); the scales laid out as its bulk copies read them (_k_block_rows); with split-K, its fp32 partials
+    in the stream's workspace, summed into c in split order by gemm_fp8_splitk_sum."""
+    bm, cluster, splits = cfg["bm"], cfg["cluster"], cfg.get("splits", 1)
+    kernel, grid, block = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
+    sa = _k_block_rows(sa, M, K, call)
     if sb_rows:
-        sb = _k_block_rows(sb, N, K)
-    ta = cuda.tensor_map_2d(a_ptr, K, M, lda, BLOCK, box_a)
-    tb = cuda.tensor_map_2d(b_ptr, K, N, ldb, BLOCK, box_b)
+        sb = _k_block_rows(sb, N, K, call)
+    ta = call.derive(_operand_map(K, M, a_km.stride(0), bm // cluster), a_km)
+    tb = call.derive(_operand_map(K, N, b_km.stride(0), cfg["bn"]), b_km)
     # the stream's fp32 scratch: the partials with split-K, else an unread argument (a tensor still: the generated
     # fast launcher takes tensors only, and None sent the launch down the general path, about 30 us more host time)
-    ws = G._stream_workspace(c.device, splits * M * N if splits > 1 else 1)
-    launcher(ta, tb, c, ws, splits, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2], sb[1], sb[2], shared_mem=smem)
+    ws = call.const(G._stream_workspace(c.device, splits * M * N if splits > 1 else 1))
+    call.bind_stream()
+    call.launch(kernel, grid, block, ta, tb, c, ws, splits, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2],
+                sb[1], sb[2], shared_mem=smem_bytes(cfg))
     if splits > 1:
         rows, cols = c.shape                     # C [M, N] or C^T [N, M], contiguous; the partials laid out alike
-        _reducer(c.dtype)[C.ceil_div(rows * cols, 256), 256](ws, c, splits, rows, cols)
+        call.launch(_reducer(c.dtype), C.ceil_div(rows * cols, 256), 256, ws, c, splits, rows, cols)
     return c
+
+
+def _operand_map(K: int, rows: int, ld: int, box_rows: int):
+    """address -> the TMA kernel's tensor map of a K-major FP8 operand (rows x K bytes, row stride ld): the
+    function an eager plan calls on every replay (Call.derive), with the encoder bound here."""
+    from rocjit.platform import cuda
+    encode = cuda.tensor_map_2d
+    return lambda address: encode(address, K, rows, ld, BLOCK, box_rows)
 
 
 @functools.lru_cache(maxsize=None)
@@ -371,7 +372,7 @@ def _reducer(dtype):
 
 
 def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
-    """The TMA kernel's configured launcher (kernel[grid, 384 or 512 threads]) for a config and product."""
+    """(kernel, grid, threads) of the TMA kernel for a config and product."""
     bm, bn, cluster = cfg["bm"], cfg["bn"], cfg["cluster"]
     flags = f"{C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}"
     if bm == 192:                       # three math warpgroups of one slab
@@ -382,23 +383,31 @@ def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
     # persistent: at most one block per multiprocessor (pairs of them with clusters), each walking its tiles
     units = C.ceil_div(M, bm) * C.ceil_div(N, bn * cluster) * cfg.get("splits", 1)
     grid = min(units, G._device(dev)[2] // cluster) * cluster
-    return C.module(SRC_SM90)[name][grid, threads(cfg, "sm_90a")]
+    return C.module(SRC_SM90)[name], grid, threads(cfg, "sm_90a")
 
 
-def _k_block_rows(s, R, K):
+def _k_block_rows(s, R, K, call=UNRECORDED):
     """Scales of R rows per K block, (tensor, stride of a row, stride of a K block), as the TMA kernel's bulk copies
     read them: each K block's R scales contiguous, 16-byte aligned, K blocks a multiple of 4 floats apart, R a
     multiple of 4 (a copy's length is rounded up to 16 bytes). quantize_fp8_dual hands its row scales (the A side)
     and, with transpose_col=True, its column scales (wgrad's per-row B side) out so. Anything else is copied into
-    that layout, zero-padded (R x ceil(K/128) floats, small next to the product)."""
-    t, sr, sk = s
-    if sr == 1 and sk % 4 == 0 and R % 4 == 0 and C.aligned(t):
+    that layout by gemm_fp8_scales_kblock_rows, zero-padded (R x ceil(K/128) floats, small next to the product; a
+    launch an eager plan replays)."""
+    if _bulk_ready(s, R):
         return s
-    tm = C.torch()
+    t, sr, sk = s
     KB, R4 = C.ceil_div(K, BLOCK), -(-R // 4) * 4
-    buf = tm.zeros((KB, R4), dtype=tm.float32, device=t.device)
-    buf[:, :R].copy_(tm.as_strided(t, (KB, R), (sk, sr), t.storage_offset()))
+    buf = call.empty((KB, R4), C.torch().float32, t.device)
+    call.launch(C.module(SRC_SM90)["gemm_fp8_scales_kblock_rows"], C.ceil_div(KB * R4, 256), 256, t, sr, sk, buf, R,
+                KB, R4)
     return buf, 1, R4
+
+
+def _bulk_ready(s, R: int) -> bool:
+    """Whether scales (tensor, stride of a row, stride of a K block) of R rows are in the layout _k_block_rows
+    hands the TMA kernel as they are."""
+    t, sr, sk = s
+    return sr == 1 and sk % 4 == 0 and R % 4 == 0 and C.aligned(t)
 
 
 @functools.lru_cache(maxsize=1)
@@ -514,55 +523,19 @@ def _tuned_exactly(M: int, N: int, K: int) -> bool:
     return 2 * M * N * K >= EXACT_TUNE_FLOP
 
 
-# ----------------------------------------------------------------------------- repeated calls
-# The TMA kernel's launches record no eager plan (its tensor maps are encoded per address), so every call took the whole
-# Python path: about 130 us of host time per call on an H100 host, more than the kernel's 112 us at 4096 x 7168 x 2048
-# (the op ran at 135 us there where its kernel alone ran at 112). A call that the full path launched on the TMA kernel
-# with the operands in place (no K-major copy) and a new output leaves its launch here, keyed by everything its checks
-# and choices read: the layout and output dtype, each tensor's dtype, device, shape and strides, the operands' and
-# scales' 16-byte alignment, the tuner's generation and the kernel switches. A repeated call with the same key launches
-# through _tma_run, as the full path does (scales copied there where their layout needs it); anything else takes the
-# full path and its checks. (The native plans could make the tensor maps again per call, as they do for
-# skinny_tma_kernel's (Call.derive), but they key contiguous tensors only, and the scales this kernel reads in place are
-# views in another layout -- quantize_fp8_dual's M-major row scales are a transpose -- so those calls would record none.)
-_FAST: dict = {}
-
-
-def _fast_key(a, a_scale, b, b_scale, layout, out_dtype, trans_c):
-    return (layout, out_dtype, trans_c,
-            a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 15,
-            b.dtype, b.device, b.shape, b.stride(), b.data_ptr() & 15,
-            a_scale.dtype, a_scale.device, a_scale.shape, a_scale.stride(), a_scale.data_ptr() & 15,
-            b_scale.dtype, b_scale.device, b_scale.shape, b_scale.stride(), b_scale.data_ptr() & 15,
-            tune.generation, tune.enabled(),
-            os.environ.get("ROCJIT_GEMM_FP8_TMA"), os.environ.get("ROCJIT_GEMM_FP8_SM90"))
-
-
+# ----------------------------------------------------------------------------- the call
+# Repeated eager calls are replayed by the op's plans (rocjit.ops._op), including the TMA kernel's: its tensor maps
+# are made again from each call's operands (Call.derive), and the scales it reads in place as transposed views --
+# quantize_fp8_dual's M-major row scales -- are passed as their argument's data pointer (Call.alias), the plan's key
+# fixing their strides; scales in another layout are moved by a launch the plan replays too (_k_block_rows). A call
+# that copies an operand K-major, or a scale whose neither layout is contiguous, records no plan.
 def _scales(a_scale, b_scale, layout):
     """The (row, K block) views of the scales, (tensor, stride, stride) each (see _strided)."""
     return (_strided(a_scale if layout[0] == "N" else a_scale.t()),
             _strided(b_scale if layout[1] == "T" else b_scale.t()))
 
 
-def _fast_run(entry, a, a_scale, b, b_scale, layout):
-    launcher, od, shape, M, N, K, lda, ldb, box_a, box_b, sb_rows, smem, splits = entry
-    c = C.torch().empty(shape, dtype=od, device=a.device)
-    sa, sb = _scales(a_scale, b_scale, layout)
-    return _tma_run(launcher, c, a.data_ptr(), lda, b.data_ptr(), ldb, box_a, box_b, sa, sb, M, N, K, sb_rows, smem,
-                    splits)
-
-
-def _fast_eligible(a, a_scale, b, b_scale, out):
-    return out is None and type(a) is type(b) is type(a_scale) is type(b_scale) is C.torch().Tensor and a.is_cuda
-
-
 def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
-    keep = _fast_eligible(a, a_scale, b, b_scale, out)   # a TMA launch of this call may serve its repeats
-    if keep and _FAST:                                   # (no key work where no TMA launch was kept)
-        entry = _FAST.get(_fast_key(a, a_scale, b, b_scale, layout, out_dtype, bool(trans_c)))
-        if entry is not None:
-            call.forget()
-            return _fast_run(entry, a, a_scale, b, b_scale, layout)
     M, N, K, sb_rows, od, shape = _check(a, a_scale, b, b_scale, layout, out_dtype, out, trans_c)
     target = _device_check(a)
     if out is None:
@@ -574,31 +547,18 @@ def _run(call, a, a_scale, b, b_scale, layout, out_dtype, out, trans_c):
         return out.zero_()
     a_km, own_a = _kmajor(a if layout[0] == "N" else a.t(), K)
     b_km, own_b = _kmajor(b if layout[1] == "T" else b.t(), K)
-    if not (own_a and own_b) or layout != "NT":
-        call.forget()       # copies or views: nothing a plan can name (a replay would need their layout again)
+    if not (own_a and own_b):
+        call.forget()       # a K-major copy: nothing a plan can name
+    # the K-major operands are the arguments' own memory (a uint8 view, a transpose): launched as their pointers
+    call.alias(a_km, a)
+    call.alias(b_km, b)
     # the logical (row, k-block) views of the scales (the TMA kernel's launch copies those it cannot bulk-copy as they
     # are: a cost its tuning runs include)
     sa, sb = _scales(a_scale, b_scale, layout)
-    if sa[0] is not a_scale or sb[0] is not b_scale:
-        call.forget()
+    call.alias(sa[0], a_scale)          # (a copy is not at its argument's address: no plan)
+    call.alias(sb[0], b_scale)
     cfg = config_for(out, a_km, b_km, sa, sb, M, N, K, sb_rows, bool(trans_c), target)
-    # the launch reads a and b through their uint8 views; record the op's own tensors where they are the memory
-    if own_a and a_km.data_ptr() == a.data_ptr() and layout[0] == "N":
-        a_km_arg = a
-    else:
-        a_km_arg = a_km
-    b_km_arg = b if own_b and layout[1] == "T" else b_km
-    y = _launch(cfg, out, a_km_arg, b_km_arg, sa, sb, M, N, K, sb_rows, bool(trans_c), call)
-    if keep and cfg.get("kernel") == "tma" and own_a and own_b \
-            and not tune.capturing():                   # (under capture the config may be a default)
-        vec_out = (M if trans_c else N) % 8 == 0         # new outputs are aligned
-        if len(_FAST) >= 1024:
-            _FAST.clear()
-        key = _fast_key(a, a_scale, b, b_scale, layout, out_dtype, bool(trans_c))
-        _FAST[key] = (_tma_kernel(cfg, out.dtype, sb_rows, bool(trans_c), vec_out, M, N, out.device.index or 0), od,
-                      shape, M, N, K, a_km.stride(0), b_km.stride(0), cfg["bm"] // cfg["cluster"], cfg["bn"],
-                      sb_rows, smem_bytes(cfg), cfg.get("splits", 1))
-    return y
+    return _launch(cfg, out, a_km, b_km, sa, sb, M, N, K, sb_rows, bool(trans_c), call)
 
 
 def _custom_op():

@@ -136,7 +136,7 @@ def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_co
     """kmode selects row blocks, column blocks or both (the benchmark's separate launches use one each);
     transpose_col stores the column-block output transposed: q_col [K, M], and returns s_col as [K, ceil(M/128)],
     a transposed view of its [ceil(M/128), K] memory. s_row is always the transposed view [M, ceil(K/128)] of
-    [ceil(K/128), M] memory (views: the call records no eager plan)."""
+    [ceil(K/128), M] memory (views that an eager plan makes again from its outputs: Call.view)."""
     tm = C.torch()
     M, K = x.shape
     f8 = C.fp8_torch_dtype(fmt)
@@ -147,7 +147,9 @@ def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_co
     s_col = call.empty((C.ceil_div(M, BLOCK), K), tm.float32, x.device) if col else None
     if M and K:
         _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=transpose_col and bool(col), row_t=True)
-    return q_row, (s_row.t() if s_row is not None else None), q_col, (s_col.t() if transpose_col and col else s_col)
+    t = tm.Tensor.t
+    return (q_row, call.view(t, s_row) if s_row is not None else None, q_col,
+            call.view(t, s_col) if transpose_col and col else s_col)
 
 
 def _quantize_op():

@@ -157,7 +157,7 @@ def test_tma_kernel_split_k_against_float64(M, N, K, sb_rows, trans_c, od):
 
 def test_split_k_through_the_op_and_a_graph():
     """128 x 264 x 2048 has 3 tiles of 128 x 128: the op's default is split-K (autotuning off here), eagerly, on the
-    repeated-call path and replayed from a CUDA graph, each against the float64 reference."""
+    plan's replay and replayed from a CUDA graph, each against the float64 reference."""
     target = _gemm._device(0)[0]
     if not G.is_sm90a(target):
         pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
@@ -167,7 +167,7 @@ def test_split_k_through_the_op_and_a_graph():
     cands = G.candidates(target, G._smem_limit(0))
     cands += G.split_candidates(M, N, K, sms, cands)
     assert G.default_config(M, N, sms, cands).get("splits", 1) > 1
-    for _ in range(2):                                  # the full path, then the repeated-call one
+    for _ in range(2):                                  # the full path, then the plan's replay
         _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws), ref, torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -251,40 +251,77 @@ def test_dual_quantizer_row_scales_feed_the_gemm_in_place():
     _close(ops.gemm_fp8_blockwise(xq, xs2, wq, ws), ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("layout", ["NT", "TN"])
-def test_repeated_calls_take_the_fast_path_and_stay_exact(layout):
-    """The TMA kernel's repeated calls skip the Python checks (G._FAST); new data, new addresses and a scale given
-    in another layout still give the exact product, and a misaligned operand takes the full path."""
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+def test_repeated_calls_replay_the_tma_kernel_and_stay_exact(layout):
+    """The TMA kernel's repeated calls are eager plan replays: its tensor maps made again for each call's operands
+    (Call.derive), the scales and operands given as transposed views passed as their pointers (Call.alias), each
+    replay exact on new data at new addresses; a scale in another layout, a misaligned operand and a changed shape
+    take the full path (the last with its named error)."""
     target = _gemm._device(0)[0]
     if not G.is_sm90a(target):
         pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
     M, N, K = 384, 520, 1024
+    entry = ops.REGISTRY["gemm_fp8_blockwise"]
 
     def case(seed):
         xq, xs, wq, ws, ref = _operands(M, N, K, layout == "TN", seed=seed)
         if layout == "NT":
             return (xq, xs, wq, ws), ref
+        if layout == "NN":                      # dgrad's b: [K, N] as a view of K-major memory, its scales likewise
+            return (xq, xs, wq.t(), ws.t()), ref
         # wgrad's layouts: K-major operands given as [K, M] / [K, N] views, column-contiguous B scales
         return (xq.t(), xs.t(), wq.t(), _kb_major(ws).t()), ref
 
-    G._FAST.clear()
-    args, ref = case(1)
-    _close(ops.gemm_fp8_blockwise(*args, layout=layout), ref, torch.bfloat16)
-    assert len(G._FAST) == 1
-    for seed in (2, 3):                         # the same key with new tensors: fast path, new data read
-        args, ref = case(seed)
+    entry.clear_plans()
+    hits = lambda: entry.plans.hits if entry.plans is not None else 0  # noqa: E731 (counts every call so far)
+    try:
+        args, ref = case(1)
         _close(ops.gemm_fp8_blockwise(*args, layout=layout), ref, torch.bfloat16)
-        assert len(G._FAST) == 1
-    a, sa, b, sb = args
-    if layout == "NT":                          # a scale given as a transposed view: a new key, the same product
-        _close(ops.gemm_fp8_blockwise(a, sa.t().contiguous().t(), b, sb, layout=layout), ref, torch.bfloat16)
-    # a operand 16 bytes off its allocation's start is still aligned; one byte off is not (the copying path)
-    buf = torch.empty(a.numel() + 1, dtype=torch.uint8, device="cuda")
-    shifted = buf[1:].view(a.dtype).view(a.shape) if layout == "NT" else buf[1:].view(a.dtype).view(a.shape[::-1]).t()
-    shifted.copy_(a)
-    _close(ops.gemm_fp8_blockwise(shifted, sa, b, sb, layout=layout), ref, torch.bfloat16)
-    with pytest.raises(ValueError, match="K differ"):   # a changed shape: the full path and its named error
-        ops.gemm_fp8_blockwise(a, sa, b[:, :-16] if layout == "NT" else b[:-16], sb, layout=layout)
+        assert any(k.startswith("gemm_fp8_blockwise_tma") for k, *_ in entry.last_plan), entry.last_plan
+        first = hits()
+        for i, seed in enumerate((2, 3)):       # the same key with new tensors: replays, new data read
+            args, ref = case(seed)
+            _close(ops.gemm_fp8_blockwise(*args, layout=layout), ref, torch.bfloat16)
+            assert hits() == first + i + 1
+        a, sa, b, sb = args
+        if layout != "TN":                      # a scale given in another layout: a new key, the same product
+            _close(ops.gemm_fp8_blockwise(a, sa.t().contiguous().t(), b, sb, layout=layout), ref, torch.bfloat16)
+        # an operand 16 bytes off its allocation's start is still aligned; one byte off is not (the copying path)
+        buf = torch.empty(a.numel() + 1, dtype=torch.uint8, device="cuda")
+        shifted = buf[1:].view(a.dtype).view(a.shape) if layout != "TN" else \
+            buf[1:].view(a.dtype).view(a.shape[::-1]).t()
+        shifted.copy_(a)
+        before = hits()
+        _close(ops.gemm_fp8_blockwise(shifted, sa, b, sb, layout=layout), ref, torch.bfloat16)
+        assert hits() == before
+        short = b[:, :-16] if layout == "NT" else b[:-16]
+        with pytest.raises(ValueError, match="K differ"):   # a changed shape: the full path and its named error
+            ops.gemm_fp8_blockwise(a, sa, short, sb, layout=layout)
+    finally:
+        entry.clear_plans()
+
+
+def test_split_k_replays_sum_each_calls_partials():
+    """A product split along K (two launches: the TMA kernel into the stream's workspace, then the sum in split
+    order) replays both, exact on new data every call."""
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    M, N, K = 64, 2112, 7168
+    entry = ops.REGISTRY["gemm_fp8_blockwise"]
+    entry.clear_plans()
+    try:
+        first = None
+        for seed in range(3):
+            xq, xs, wq, ws, ref = _operands(M, N, K, False, seed=seed + 40)
+            _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws), ref, torch.bfloat16)
+            first = entry.plans.hits if first is None else first     # (hits count every call so far)
+        names = [k for k, *_ in entry.last_plan]
+        if not any(k.startswith("gemm_fp8_splitk_sum") for k in names):
+            pytest.skip(f"this device's config for {M} x {N} x {K} is not split: {names}")
+        assert entry.plans.hits == first + 2
+    finally:
+        entry.clear_plans()
 
 
 # the decode kernel (rocjit.ops.skinny's matrix-core kernel with blockwise scales; NVIDIA sm_89+, M <= 32): M across the activation

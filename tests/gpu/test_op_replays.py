@@ -337,3 +337,39 @@ def test_tma_path_replays_with_each_calls_weight(monkeypatch):
         assert _hits("skinny_gemm") - before == 8
     finally:
         entry.clear_plans()
+
+
+@pytest.mark.parametrize("transpose_col", [False, True])
+def test_dual_quantizer_replays_return_views_of_their_own_outputs(transpose_col):
+    """quantize_fp8_dual returns its scales as transposed views of its outputs (Call.view): replays make them again
+    from each call's new outputs. Each replay's four outputs dequantize to x (row blocks and column blocks) and are
+    bit for bit the full path's on the same x."""
+    from rocjit.ops import _op
+    entry = REGISTRY["quantize_fp8_dual"]
+    entry.clear_plans()
+    M, K = 300, 520                                    # neither a multiple of 128
+    kb, mb = -(-K // 128), -(-M // 128)
+    before = None
+    try:
+        for i in range(4):
+            x = (torch.randn(M, K, device="cuda") * (torch.rand(M, 1, device="cuda") * 4 + 0.1)).to(BF)
+            q_row, s_row, q_col, s_col = ops.quantize_fp8_dual(x, transpose_col=transpose_col)
+            assert s_row.shape == (M, kb) and s_row.stride() == (1, M) and s_row._base is not None
+            if transpose_col:
+                assert q_col.shape == (K, M) and s_col.shape == (K, mb) and s_col.stride() == (1, K)
+            else:
+                assert q_col.shape == (M, K) and s_col.shape == (mb, K) and s_col.is_contiguous()
+            rows = q_row.double() * s_row.double().repeat_interleave(128, 1)[:, :K]
+            qc = q_col.t() if transpose_col else q_col
+            sc = s_col.t() if transpose_col else s_col
+            cols = qc.double() * sc.double().repeat_interleave(128, 0)[:M]
+            assert _rel(rows, x.double()) < 0.05 and _rel(cols, x.double()) < 0.05
+            full = entry.full(_op.UNRECORDED, x, transpose_col=transpose_col)
+            for got, want in zip((q_row, s_row, q_col, s_col), full):
+                assert got.shape == want.shape and got.stride() == want.stride()
+                assert torch.equal(got.view(torch.uint8) if got.dtype == F8 else got,
+                                   want.view(torch.uint8) if want.dtype == F8 else want)
+            before = _hits("quantize_fp8_dual") if before is None else before
+        assert _hits("quantize_fp8_dual") - before == 3
+    finally:
+        entry.clear_plans()
