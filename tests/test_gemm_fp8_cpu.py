@@ -290,6 +290,10 @@ def test_bench_times_a_shapes_implementations_in_alternating_rounds(monkeypatch)
     got = B._time_all({k: [lambda k=k: k] for k in "abc"}, 4096, events)
     assert calls == list("abc") + list("cba") + list("abc")
     assert got == {"a": 3.0, "b": 4.0, "c": 7.0} and events == set()
+    calls.clear()                                   # rounds of their own (the diagnostic rows): as many as asked
+    fake.update(a=[5.0, 1.0], b=[2.0, 9.0])
+    assert B._time_all({k: [lambda k=k: k] for k in "ab"}, 4096, events, rounds=2) == {"a": 3.0, "b": 5.5}
+    assert calls == list("ab") + list("ba")
 
 
 @pytest.mark.parametrize("M", [128, 4096])

@@ -9,11 +9,15 @@ operands quantized as FP8Linear's backward quantizes them.
 Plus the training-step row: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear vs
 bf16 torch.nn.Linear. Every product is timed as CUDA-graph replays, so the rows are GPU time: events around eager
 calls timed the op's Python launch path wherever it outlasted the kernel (an H200 host that launched slowly read the
-op at 147 us for a 116 us kernel at 4096^3). Shapes > 256 rows are timed in ROUNDS rounds that take every
+op at 147 us for a 116 us kernel at 4096^3). Shapes > 256 rows are timed in rounds that take every
 implementation of the shape in turn (the order reversed every other round; each one's median over the rounds):
 timed one after the other, the later ones ran on a hotter, lower-clocked GPU (H100, 8192^3: the same NT call 1221 ->
 1046 TFLOP/s over four consecutive timings, and NN, the same kernel timed right after NT, 7 - 12% slower than NT in
-single-pass runs). An implementation that cannot be captured is timed with events, and a note says so. Products of
+single-pass runs). The compared implementations -- each layout of the op beside its peer -- take ROUNDS rounds among
+themselves; the per-config diagnostic rows below take their own rounds afterwards. Timed in one set of rounds with
+them, the peer of TN sat right after a dozen diagnostic kernels (some at a third of the op's rate, drawing less
+power) in two rounds of three, and TN read 0.79 - 0.88x of it where the same pair, timed alone in alternation, read
+0.90 - 1.01x, and 0.89 - 0.97x with the GPU idle before every timing (H200, four shapes, one run). An implementation that cannot be captured is timed with events, and a note says so. Products of
 <= 256 rows run over copies of the weight beyond L2 (_weight_sets), as the skinny GEMMs are measured.
 The host_cost row is the host's side: µs per repeated eager call (no synchronize inside the loop, the GPU work short
 enough that the launch queue never fills) of the op, cuBLASLt blockwise and bf16 torch.matmul at 128 x 2112 x 7168.
@@ -28,7 +32,8 @@ from rocjit.bench import harness as H
 SQUARE = (4096, 8192)
 DEEPSEEK = ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168), (7168, 2048))   # (N, K) at M = 4096
 DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128)
-ROUNDS = 3
+ROUNDS = 5
+DIAGNOSTIC_ROUNDS = 3
 DECODE_NK = ((7168, 16384), (2112, 7168), (24576, 1536), (4096, 7168), (7168, 2048))   # every DeepSeek-V3 (N, K)
 
 
@@ -66,16 +71,16 @@ def _time(fns, M, events: set, key=None, result=None):
     return us
 
 
-def _time_all(fns: dict, M, events: set | None = None, result=None) -> dict:
+def _time_all(fns: dict, M, events: set | None = None, result=None, rounds: int | None = None) -> dict:
     """µs of each of a shape's implementations (lists of callables, graph replays: see _time): one after the other
-    for small M, else ROUNDS rounds over all of them in turn (order reversed every other round), the median of each
-    one's rounds. Keys timed with events instead are added to `events`."""
+    for small M, else `rounds` (ROUNDS) rounds over all of them in turn (order reversed every other round), the
+    median of each one's rounds. Keys timed with events instead are added to `events`."""
     events = set() if events is None else events
     if M <= 256:
         return {k: _time(f, M, events, k, result) for k, f in fns.items()}
     got = {k: [] for k in fns}
     names = list(fns)
-    for r in range(ROUNDS):
+    for r in range(ROUNDS if rounds is None else rounds):
         for k in (names if r % 2 == 0 else names[::-1]):
             got[k].append(_time(fns[k], M, events, k, result))
     return {k: statistics.median(v) for k, v in got.items()}
@@ -157,17 +162,21 @@ def run(argv) -> dict:
             tn = _wgrad_operands(M, N, K, torch, Q)
             layouts["TN"] = [lambda: gemm_fp8_blockwise(tn[0].t(), tn[1].t(), tn[2].t(), tn[3].t(), layout="TN")]
             tn_peer = _cublaslt_1x128_1x128(result, tn, layouts["TN"][0], M, N, K, torch)
-        if M >= 128:
-            layouts.update(_wgmma_rows(result, xq, xs, qsets, M, N, K, layouts["NT"][0], torch))
-        for impl in layouts.values():
+        diagnostic = _wgmma_rows(result, xq, xs, qsets, M, N, K, layouts["NT"][0], torch) if M >= 128 else {}
+        for impl in list(layouts.values()) + list(diagnostic.values()):
             for fn in impl:
                 fn()
-        fns = {("peer", k): f for k, f in peer_fns.items()}
-        fns.update({("ours", k): f for k, f in layouts.items()})
+        # each layout next to its peer, the per-config rows in rounds of their own (see the module doc)
+        fns = {("ours", "NT"): layouts["NT"]}
+        fns.update({("peer", k): f for k, f in peer_fns.items()})
+        fns.update({("ours", k): f for k, f in layouts.items() if k != "NT"})
         if tn_peer is not None:                         # cuBLASLt with TN's own scale recipe
             fns[("peer", "cublaslt_blockwise_1x128_1x128")] = [tn_peer]
         events: set = set()
         times = _time_all(fns, M, events, result)
+        times.update(_time_all({("ours", k): f for k, f in diagnostic.items()}, M, events, result,
+                               rounds=DIAGNOSTIC_ROUNDS))
+        layouts.update(diagnostic)
         peers = {k: times[("peer", k)] for k in peer_fns}
         for lay in layouts:
             us = times[("ours", lay)]
