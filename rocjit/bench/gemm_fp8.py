@@ -17,8 +17,9 @@ single-pass runs). The compared implementations -- each layout of the op beside 
 themselves; the per-config diagnostic rows below take their own rounds afterwards. Timed in one set of rounds with
 them, the peer of TN sat right after a dozen diagnostic kernels (some at a third of the op's rate, drawing less
 power) in two rounds of three, and TN read 0.79 - 0.88x of it where the same pair, timed alone in alternation, read
-0.90 - 1.01x, and 0.89 - 0.97x with the GPU idle before every timing (H200, four shapes, one run). An implementation that cannot be captured is timed with events, and a note says so. Products of
-<= 256 rows run over copies of the weight beyond L2 (_weight_sets), as the skinny GEMMs are measured.
+0.90 - 1.01x, and 0.89 - 0.97x with the GPU idle before every timing (H200, four shapes, one run). An
+implementation that cannot be captured is timed with events, and a note says so. Products of <= 256 rows run over
+copies of the weight beyond L2 (_weight_sets), as the skinny GEMMs are measured.
 The host_cost row is the host's side: µs per repeated eager call (no synchronize inside the loop, the GPU work short
 enough that the launch queue never fills) of the op, cuBLASLt blockwise and bf16 torch.matmul at 128 x 2112 x 7168.
 On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT

@@ -522,7 +522,7 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     grid = max(1, min(cfg.get("blocks") or sms, chunks))
     # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
     tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * (wg * 128) * (slabs * nb // 2))
-    tmap = call.derive(_weight_map(kbytes, N), w)
+    tmap = call.derive(tensor_map_fn(kbytes, N, kbytes, TMA_BOX_ROWS), w)
     name = f"skinny_tma_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {nb}, {slabs}, {wg}, {kb}, {stages}, {ep}>"
     call.const(tickets)
     call.const(ws)
@@ -533,13 +533,13 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     return out
 
 
-def _weight_map(kbytes: int, rows: int):
-    """address -> skinny_tma_kernel's tensor map of a weight matrix of `rows` rows of `kbytes` bytes at `address`:
-    the function an eager plan calls on every replay (Call.derive), with the encoder bound here rather than imported
-    per call."""
+def tensor_map_fn(kbytes: int, rows: int, ld: int, box_rows: int):
+    """address -> the tensor map of a K-major operand at `address` (`rows` rows of `kbytes` bytes, `ld` bytes apart;
+    boxes of box_rows x 128 bytes, as skinny_tma_kernel and gemm_fp8_blockwise's TMA kernel copy them): the function
+    an eager plan calls on every replay (Call.derive), with the encoder bound here rather than imported per call."""
     from rocjit.platform import cuda
     encode = cuda.tensor_map_2d
-    return lambda address: encode(address, kbytes, rows, kbytes, 128, TMA_BOX_ROWS)
+    return lambda address: encode(address, kbytes, rows, ld, 128, box_rows)
 
 
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, modes: int, scale_a,

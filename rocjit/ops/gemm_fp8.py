@@ -342,8 +342,8 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     sa = _k_block_rows(sa, M, K, call)
     if sb_rows:
         sb = _k_block_rows(sb, N, K, call)
-    ta = call.derive(_operand_map(K, M, a_km.stride(0), bm // cluster), a_km)
-    tb = call.derive(_operand_map(K, N, b_km.stride(0), cfg["bn"]), b_km)
+    ta = call.derive(G.tensor_map_fn(K, M, a_km.stride(0), bm // cluster), a_km)
+    tb = call.derive(G.tensor_map_fn(K, N, b_km.stride(0), cfg["bn"]), b_km)
     # the stream's fp32 scratch: the partials with split-K, else an unread argument (a tensor still: the generated
     # fast launcher takes tensors only, and None sent the launch down the general path, about 30 us more host time)
     ws = call.const(G._stream_workspace(c.device, splits * M * N if splits > 1 else 1))
@@ -354,14 +354,6 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
         rows, cols = c.shape                     # C [M, N] or C^T [N, M], contiguous; the partials laid out alike
         call.launch(_reducer(c.dtype), C.ceil_div(rows * cols, 256), 256, ws, c, splits, rows, cols)
     return c
-
-
-def _operand_map(K: int, rows: int, ld: int, box_rows: int):
-    """address -> the TMA kernel's tensor map of a K-major FP8 operand (rows x K bytes, row stride ld): the
-    function an eager plan calls on every replay (Call.derive), with the encoder bound here."""
-    from rocjit.platform import cuda
-    encode = cuda.tensor_map_2d
-    return lambda address: encode(address, K, rows, ld, BLOCK, box_rows)
 
 
 @functools.lru_cache(maxsize=None)
