@@ -381,9 +381,9 @@ def test_a_plan_holds_as_many_derived_values_as_call_derive_records(mod):
 def derived_op(mod):
     kern, make = FakeKernel(), MapOf()
 
-    def full(call, x, w, *, of_output=False):
+    def full(call, x, w, *, of="w"):
         y = call.empty(x.shape, x.dtype, x.device)
-        m = call.derive(make, y if of_output else w)
+        m = call.derive(make, {"w": w, "out": y}[of])
         call.launch(kern, 1, 32, y, x, m)
         return call.done(y)
 
@@ -403,11 +403,25 @@ def test_call_derive_records_a_value_that_follows_its_tensor(derived_op):
     assert entry.plans.hits == 3
 
 
+def test_a_call_with_one_object_in_two_places_records_no_plan(derived_op):
+    """Recorded from fn(x, x), a launch's reference to x could name either argument; a replay with two different
+    tensors there must not pass the wrong one."""
+    fn, entry, kern, make = derived_op
+    x = torch.randn(16)
+    fn(x, x)
+    assert entry.plans is None or entry.plans.size == 0
+    for _ in range(3):
+        w = torch.randn(16)
+        fn(x, w)
+        assert kern.rec.calls[-1][0][1] is x and kern.rec.calls[-1][0][2] == make(w.data_ptr())
+    assert entry.plans.hits == 2
+
+
 def test_call_derive_of_anything_but_an_argument_leaves_no_plan(derived_op):
     fn, entry, kern, _ = derived_op
     x = torch.randn(16)
     for _ in range(3):
-        fn(x, x, of_output=True)        # the output's address is new every call: no plan may keep its value
+        fn(x, torch.randn(16), of="out")    # the output's address is new every call: no plan may keep its value
     assert entry.plans is None or entry.plans.size == 0
     assert len(kern.rec.calls) == 3
 

@@ -23,8 +23,9 @@ What the skeleton gives every op:
   written. `roles` says, per parameter, what a call's key reads: ``T`` a tensor or None, ``S`` a float forwarded
   to the kernels as it is (its value is not part of the key), ``O`` an option compared by value.
 - **safety of the record.** A launch argument that is a tensor the record does not know (a copy, a view, a
-  converted numpy array), an int that is not fixed by the key, or a call made while a CUDA graph is captured
-  leaves no plan. A plan that holds per-stream state (`Call.bind_stream`) is replayed on that stream only. A
+  converted numpy array), an int that is not fixed by the key, one object passed in two places (which of the two
+  a launch means is not known: `f(x, x)` recorded, `f(x, w)` replayed, would pass x for w), or a call made while a
+  CUDA graph is captured leaves no plan. A plan that holds per-stream state (`Call.bind_stream`) is replayed on that stream only. A
   launch argument made from a tensor argument's address (`Call.derive`: a TMA tensor map) is made again by the
   replay, in C, for the replay's tensor. A view of a tensor argument that starts at its address (`Call.alias`: a
   transpose, a uint8 view) is passed to a kernel as that argument's data pointer, and a result that is a view of an
@@ -206,6 +207,8 @@ class Call:
         self._known = {}
         if self.ok:
             for i, (a, role) in enumerate(zip(args, entry.roles)):
+                if id(a) in self._known:        # one object in two places: which one a launch means is unknown, and a
+                    self.ok = False             # replay with two different objects there would pass the wrong one
                 if role == "T" and a is not None:
                     self._known[id(a)] = ("a", i)
                 elif role == "S":
