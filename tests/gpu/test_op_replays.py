@@ -43,6 +43,21 @@ def test_rms_norm_replays_match_the_reference_every_time():
     assert _hits("rms_norm") - before >= 3
 
 
+def test_one_tensor_in_two_places_then_two_tensors():
+    """rms_norm(x, w, residual=x) passes one tensor as x and as residual; recorded as a plan, a launch's reference to
+    it could name only one of the two arguments, and a later call with two tensors would read one of them twice."""
+    w = torch.rand(4096, device="cuda").to(BF) + 0.5
+    before = _hits("rms_norm")
+    for same in (True, True, False, False, True, False):
+        x = torch.randn(3, 4096, device="cuda").to(BF)
+        r = x if same else torch.randn(3, 4096, device="cuda").to(BF)
+        s = x.double() + r.double()                        # before the call writes x + r into r
+        y, r_out = ops.rms_norm(x, w, 1e-6, residual=r)
+        assert _rel(r_out, s) < 1e-2
+        assert _rel(y, _norm_ref(s, w)) < 1e-2
+    assert _hits("rms_norm") - before >= 1                 # the two-tensor calls did replay
+
+
 def test_replayed_fp8_ops_write_every_element():
     s = torch.tensor([0.05], device="cuda")
     for _ in range(4):
