@@ -207,13 +207,11 @@ class Call:
         self._known = {}
         if self.ok:
             for i, (a, role) in enumerate(zip(args, entry.roles)):
-                if id(a) in self._known:        # one object in two places: which one a launch means is unknown, and a
-                    self.ok = False             # replay with two different objects there would pass the wrong one
-                if role == "T" and a is not None:
-                    self._known[id(a)] = ("a", i)
-                elif role == "S":
-                    if type(a) is not float:        # an int or bool would be recorded as a constant
-                        self.ok = False
+                if role == "S" and type(a) is not float:    # an int or bool would be recorded as a constant
+                    self.ok = False
+                if role == "S" or (role == "T" and a is not None):
+                    if id(a) in self._known:    # one object in two places: which one a launch means is unknown, and
+                        self.ok = False         # a replay with two different objects there would pass the wrong one
                     self._known[id(a)] = ("a", i)
         self._outs, self._consts, self._derived, self._views, self._launches, self._stream = [], [], [], [], [], None
 
