@@ -376,22 +376,30 @@ def launch_wgmma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict,
 
 
 _stream_state: dict = {}
-_spare_tickets: dict = {}
-_graph_tickets: list = []            # tickets taken by captured graphs: they must outlive the graphs
+_capture_tickets: dict = {}          # device index -> [zeroed int32 pool, next free slot] for captured launches
+_graph_tickets: list = []            # every such pool: graphs hold their slices' addresses, never the tensors
+_retired: list = []                  # outgrown per-stream buffers (queued kernels may use them), kept (< the new)
 
 
 def _persistent_zeros(n: int, dtype, device):
-    """Zeroed memory that lives as long as the process, allocated on a thread of its own: allocations of the
-    calling thread may be routed into a CUDA-graph pool (torch.compile's cudagraph warm-up does that), which must
-    not keep memory of ours. The zeroing is finished when this returns."""
+    """Zeroed memory that lives as long as the process, made on a thread of its own and a side stream, and finished
+    when this returns. Its own thread: allocations of the calling thread may be routed into a CUDA-graph pool
+    (torch.compile's cudagraph trees do that), which must not keep memory of ours. A side stream in relaxed capture
+    mode: while a stream is being captured (by this thread or another), the fill and the wait for it stay out of
+    the graph. A fill captured into the graph instead would run on every replay (2 - 3 us of a decode step per
+    launch that takes tickets)."""
     import threading
     import torch
+    from rocjit.platform import cuda
     box = []
 
     def alloc():
         try:
-            t = torch.zeros(n, dtype=dtype, device=device)
-            torch.cuda.synchronize(device)
+            with cuda.relaxed_capture_mode():
+                side = torch.cuda.Stream(device)
+                with torch.cuda.stream(side):
+                    t = torch.zeros(n, dtype=dtype, device=device)
+                side.synchronize()
             box.append(t)
         except BaseException as e:       # passed on to the caller
             box.append(e)
@@ -401,6 +409,25 @@ def _persistent_zeros(n: int, dtype, device):
     if isinstance(box[0], BaseException):
         raise box[0]
     return box[0]
+
+
+_TICKET_SLOT = 64                    # ints per slice of the capture pool (256 bytes)
+_TICKET_POOL = 1 << 16               # ints per capture pool (256 KB)
+
+
+def _tickets_for_capture(device, tiles: int):
+    """Zeroed tickets of their own for a launch being captured (a graph may replay beside the stream's own
+    launches), cut from a pool made beside the capture (_persistent_zeros) and kept for good."""
+    import torch
+    need = -(-max(tiles, 1) // _TICKET_SLOT) * _TICKET_SLOT
+    pool = _capture_tickets.get(device.index)
+    if pool is None or pool[1] + need > pool[0].numel():
+        pool = [_persistent_zeros(max(need, _TICKET_POOL), torch.int32, device), 0]
+        _capture_tickets[device.index] = pool
+        _graph_tickets.append(pool[0])
+    t = pool[0][pool[1]:pool[1] + need]
+    pool[1] += need
+    return t
 
 
 def _stream_slot(device) -> list:
@@ -418,6 +445,8 @@ def _stream_workspace(device, floats: int):
         return torch.empty(floats, dtype=torch.float32, device=device)
     state = _stream_slot(device)
     if state[1] is None or state[1].numel() < floats:
+        if state[1] is not None:      # launches queued on the stream may still use it: never handed out again
+            _retired.append(state[1])
         state[1] = _persistent_zeros(max(floats, 2 * (state[1].numel() if state[1] is not None else 0)),
                                      torch.float32, device)
     return state[1]
@@ -426,25 +455,17 @@ def _stream_workspace(device, floats: int):
 def _stream_buffers(device, tiles: int, ws_floats: int):
     """(tickets, workspace) of the stream kernel for the current stream, kept from call to call: per-tile tickets
     that the kernel resets after use (so they stay zero between launches and graph replays) and the fp32 partials
-    of its fix-up (_stream_workspace). A graph being captured takes tickets zeroed beforehand (no memset captured
-    into the graph), kept for good, and a workspace of its own."""
+    of its fix-up (_stream_workspace). A launch being captured takes tickets of its own, zeroed beside the capture
+    (_tickets_for_capture: no fill in the graph), and a workspace of its own (from the graph's pool: no fill)."""
     import torch
-    size = max(tiles, 4096)
-    spares = _spare_tickets.setdefault(device.index, [])
     if torch.cuda.is_current_stream_capturing():
-        fit = [b for b in spares if b.numel() >= size]
-        if fit:
-            spares.remove(fit[0])
-            _graph_tickets.append(fit[0])
-            tickets = fit[0]
-        else:
-            tickets = torch.zeros(size, dtype=torch.int32, device=device)     # zeroed by the graph itself
-        return tickets, _stream_workspace(device, ws_floats)
+        return _tickets_for_capture(device, tiles), _stream_workspace(device, ws_floats)
+    size = max(tiles, 4096)
     state = _stream_slot(device)
     if state[0] is None or state[0].numel() < size:
+        if state[0] is not None:
+            _retired.append(state[0])
         state[0] = _persistent_zeros(size, torch.int32, device)
-        while len(spares) < 8:
-            spares.append(_persistent_zeros(max(size, 16384), torch.int32, device))
     return state[0], _stream_workspace(device, ws_floats)
 
 

@@ -4,6 +4,7 @@ from C) where it could be built, else through cuda-bindings' compiled ``cuLaunch
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import re
@@ -37,7 +38,7 @@ class _Driver:
             "cuMemAlloc_v2": (P, S), "cuMemFree_v2": (P,), "cuMemcpyHtoD_v2": (ctypes.c_uint64, P, S),
             "cuMemcpyDtoH_v2": (P, ctypes.c_uint64, S), "cuPointerGetAttribute": (P, I, ctypes.c_uint64),
             "cuDriverGetVersion": (P,), "cuGetErrorName": (I, P), "cuCtxGetDevice": (P,),
-            "cuCtxPushCurrent_v2": (P,), "cuCtxPopCurrent_v2": (P,),
+            "cuCtxPushCurrent_v2": (P,), "cuCtxPopCurrent_v2": (P,), "cuThreadExchangeStreamCaptureMode": (P,),
         }
         for name, argtypes in sig.items():
             fn = getattr(self.lib, name)
@@ -326,6 +327,24 @@ def memcpy_htod(dst: int, src_ptr: int, nbytes: int) -> None:
 
 def memcpy_dtoh(dst_ptr: int, src: int, nbytes: int) -> None:
     _drv().check(_drv().cuMemcpyDtoH(dst_ptr, src, nbytes), "cuMemcpyDtoH")
+
+
+_CAPTURE_MODE_RELAXED = 2
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode():
+    """Within it, this thread may make the calls that stream capture forbids by default (allocate memory, wait for a
+    stream that is not being captured) while one of its streams is being captured; the thread's previous mode is
+    restored on exit. Nothing done here becomes part of the graph (torch's allocator does the same around
+    cudaMalloc)."""
+    d = _drv()
+    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+    d.check(d.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        d.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
 
 
 def synchronize(dev: int) -> None:

@@ -212,6 +212,54 @@ def test_torch_compile_traces_custom_op():
     assert _rel(f(a, w) / 2, ref) < tol
 
 
+@pytest.mark.parametrize("path", ["stream", "tma"])
+def test_captured_launches_that_take_tickets_add_no_kernel(monkeypatch, path):
+    """Launches with a stream-K fix-up take zeroed tickets of their own when captured. They are zeroed beside the
+    capture: the graph holds one kernel per launch and no fill, for more launches than one pool slice holds
+    (the pool is made small here so that the capture has to make a new one), and every replay matches the
+    float64 reference (the tickets stay zero from replay to replay)."""
+    from torch.profiler import ProfilerActivity, profile
+    from rocjit.ops import _gemm as G
+    target, _, sms = skinny._device(0)
+    if not (skinny.has_stream_path(target) if path == "stream" else skinny.has_tma_path(target)):
+        pytest.skip(f"the {path} kernel needs sm_90 / sm_90a")
+    M, N, K = (3, 2344, 16448) if path == "stream" else (20, 2344, 4160)
+    a, w, sa, sw, ref, od, tol = _case(F8, M, N, K)
+    cands = skinny.stream_candidates(M, N, K, sms, 1) if path == "stream" else skinny.tma_candidates(M, N, K, sms, 1)
+    cfg = [c for c in cands if "blocks" not in c][0]          # the full grid: tiles split between blocks
+    launch = skinny.launch_stream if path == "stream" else skinny.launch_tma
+    monkeypatch.setattr(G, "_capture_tickets", {})
+    monkeypatch.setattr(G, "_graph_tickets", [])
+    monkeypatch.setattr(G, "_TICKET_POOL", G._TICKET_SLOT * 2)
+    launches = 5
+    outs = [torch.full((M, N), float("nan"), dtype=od, device="cuda") for _ in range(launches)]
+    launch(a, w, outs[0], sa, sw, M, N, K, cfg, sms)          # compiled and loaded outside the capture
+    torch.cuda.synchronize()
+    for o in outs:
+        o.fill_(float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(g, stream=side):
+        for o in outs:
+            launch(a, w, o, sa, sw, M, N, K, cfg, sms)
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(G._graph_tickets) >= 2                         # pools made during the capture
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert len(kernels) == launches, kernels
+    assert all("skinny_" in k for k in kernels), kernels
+    for rep in range(3):
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for i, o in enumerate(outs):
+            assert _rel(o, ref) < tol, (rep, i)
+
+
 def test_stream_state_made_inside_cudagraph_trees(monkeypatch):
     """The stream kernel's per-stream tickets and workspace first made inside torch.compile's cudagraph warm-up
     (whose allocations go to the graph's pool) stay out of that pool, and the replays match the reference."""
@@ -229,7 +277,7 @@ def test_stream_state_made_inside_cudagraph_trees(monkeypatch):
         return cfg, run
     monkeypatch.setattr(skinny, "config_for", forced)
     monkeypatch.setattr(G, "_stream_state", {})
-    monkeypatch.setattr(G, "_spare_tickets", {})
+    monkeypatch.setattr(G, "_capture_tickets", {})
     torch._dynamo.reset()
     f = torch.compile(lambda a: skinny.skinny_gemm(a, w, scale_a=sa, scale_w=sw) * 1, fullgraph=True,
                       mode="reduce-overhead")
