@@ -6,6 +6,7 @@ tensors into a plan; the tuner and the tests pass nothing and just launch.
 """
 import functools
 import os
+import threading
 
 from rocjit import targets, tune
 from rocjit.ops import _common as C
@@ -379,6 +380,7 @@ _stream_state: dict = {}
 _capture_tickets: dict = {}          # device index -> [zeroed int32 pool, next free slot] for captured launches
 _graph_tickets: list = []            # every such pool: graphs hold their slices' addresses, never the tensors
 _retired: list = []                  # outgrown per-stream buffers (queued kernels may use them), kept (< the new)
+_capture_lock = threading.Lock()
 
 
 def _persistent_zeros(n: int, dtype, device):
@@ -388,7 +390,6 @@ def _persistent_zeros(n: int, dtype, device):
     mode: while a stream is being captured (by this thread or another), the fill and the wait for it stay out of
     the graph. A fill captured into the graph instead would run on every replay (2 - 3 us of a decode step per
     launch that takes tickets)."""
-    import threading
     import torch
     from rocjit.platform import cuda
     box = []
@@ -420,13 +421,14 @@ def _tickets_for_capture(device, tiles: int):
     launches), cut from a pool made beside the capture (_persistent_zeros) and kept for good."""
     import torch
     need = -(-max(tiles, 1) // _TICKET_SLOT) * _TICKET_SLOT
-    pool = _capture_tickets.get(device.index)
-    if pool is None or pool[1] + need > pool[0].numel():
-        pool = [_persistent_zeros(max(need, _TICKET_POOL), torch.int32, device), 0]
-        _capture_tickets[device.index] = pool
-        _graph_tickets.append(pool[0])
-    t = pool[0][pool[1]:pool[1] + need]
-    pool[1] += need
+    with _capture_lock:               # threads capturing at once never share a slice
+        pool = _capture_tickets.get(device.index)
+        if pool is None or pool[1] + need > pool[0].numel():
+            pool = [_persistent_zeros(max(need, _TICKET_POOL), torch.int32, device), 0]
+            _capture_tickets[device.index] = pool
+            _graph_tickets.append(pool[0])
+        t = pool[0][pool[1]:pool[1] + need]
+        pool[1] += need
     return t
 
 

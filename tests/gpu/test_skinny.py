@@ -215,8 +215,8 @@ def test_torch_compile_traces_custom_op():
 @pytest.mark.parametrize("path", ["stream", "tma"])
 def test_captured_launches_that_take_tickets_add_no_kernel(monkeypatch, path):
     """Launches with a stream-K fix-up take zeroed tickets of their own when captured. They are zeroed beside the
-    capture: the graph holds one kernel per launch and no fill, for more launches than one pool slice holds
-    (the pool is made small here so that the capture has to make a new one), and every replay matches the
+    capture: the graph holds one kernel per launch and no fill, for more launches than one pool holds (the
+    pool is made small here so that the capture has to make new ones), and every replay matches the
     float64 reference (the tickets stay zero from replay to replay)."""
     from torch.profiler import ProfilerActivity, profile
     from rocjit.ops import _gemm as G
