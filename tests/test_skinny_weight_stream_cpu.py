@@ -293,3 +293,72 @@ def test_whole_tile_grids():
                 tiles = -(-N // (64 * c["slabs"] * c["wg"]))
                 assert tiles % c["blocks"] == 0 and 99 <= c["blocks"] < 132
                 assert {k: v for k, v in c.items() if k != "blocks"} in plain
+
+
+def _fake_pools(monkeypatch):
+    made = []
+
+    def zeros(n, dtype, device):
+        made.append(n)
+        return torch.zeros(n, dtype=dtype)
+    monkeypatch.setattr(G, "_persistent_zeros", zeros)
+    monkeypatch.setattr(G, "_capture_tickets", {})
+    monkeypatch.setattr(G, "_graph_tickets", [])
+    return made
+
+
+class _Dev:
+    index = 0
+
+
+def test_capture_tickets_are_disjoint_aligned_zeroed_slices(monkeypatch):
+    """Captured launches get tickets of their own: slices of a zeroed pool at 256-byte offsets, never overlapping, a new
+    pool (kept for good) when the current one cannot hold the next slice, one larger than the pool size if needed."""
+    made = _fake_pools(monkeypatch)
+    monkeypatch.setattr(G, "_TICKET_POOL", 4 * G._TICKET_SLOT)
+    spans = []
+    for tiles in (1, 64, 65, 3, 200, 1000, 7):
+        t = G._tickets_for_capture(_Dev(), tiles)
+        assert t.numel() >= tiles and t.numel() % G._TICKET_SLOT == 0
+        assert (4 * t.storage_offset()) % 256 == 0 and not t.any()
+        spans.append((t.data_ptr(), t.data_ptr() + 4 * t.numel()))
+    assert all(a1 <= b0 or b1 <= a0 for i, (a0, a1) in enumerate(spans) for (b0, b1) in spans[i + 1:])
+    # slices 64 + 64 + 128 fill the first pool; 64; 256 (does not fit beside it); 1024 alone (a larger pool); 64
+    assert made == [256, 256, 256, 1024, 256]
+    assert len(G._graph_tickets) == 5 and all(p.numel() == n for p, n in zip(G._graph_tickets, made))
+
+
+class _SlowPool:
+    """A pool whose slicing lets other threads run in the middle (as a GIL switch may at any bytecode)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def numel(self):
+        return self.t.numel()
+
+    def __getitem__(self, s):
+        import time
+        time.sleep(1e-4)
+        return self.t[s]
+
+
+def test_capture_tickets_from_threads_at_once_never_overlap(monkeypatch):
+    """Threads capturing at the same time take slices of one pool: none is handed out twice."""
+    import threading
+    _fake_pools(monkeypatch)
+    monkeypatch.setattr(G, "_persistent_zeros", lambda n, dtype, device: _SlowPool(torch.zeros(n, dtype=dtype)))
+    got, start = [], threading.Barrier(8)
+
+    def take():
+        start.wait()
+        mine = [G._tickets_for_capture(_Dev(), 50) for _ in range(20)]
+        got.extend((t.data_ptr(), t.data_ptr() + 4 * t.numel()) for t in mine)
+    ths = [threading.Thread(target=take) for _ in range(8)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    assert len(got) == 160 and len(set(got)) == 160
+    got.sort()
+    assert all(a1 <= b0 for (_, a1), (b0, _) in zip(got, got[1:]))
