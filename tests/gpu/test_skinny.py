@@ -127,7 +127,9 @@ def test_tma_kernel_every_kind_of_stream_k_range(M):
     """skinny_tma_kernel over grids that cut its 19 tiles x 33 chunks every way: one block (all tiles in turn), 7
     (ranges starting and ending mid-tile), 19 (whole tiles: no fix-up), 38 (a block whose range ends on a tile
     boundary after a shared first segment), 64 (tiles shared by four blocks, middle ones owning neither end) and
-    300 (more blocks than multiprocessors, tiles shared by up to 15), each against float64 and twice bit-identical."""
+    300 (more blocks than multiprocessors, tiles shared by up to 15), each against float64 and twice bit-identical;
+    then one multiplying warpgroup (37 tiles of 64 rows, whose fix-up loads four blocks' partials at a time where
+    two warpgroups load two) on 100 and 300 blocks (tiles shared by 3 - 4 and by up to 9)."""
     target, _, sms = skinny._device(0)
     if not skinny.has_tma_path(target):
         pytest.skip("skinny_tma_kernel needs sm_90a")
@@ -135,15 +137,15 @@ def test_tma_kernel_every_kind_of_stream_k_range(M):
     a, w, sa, sw, ref, od, tol = _case(F8, M, N, K)
     base = {"path": "tma", "slabs": 1, "wg": 2, "kb": 4}
     assert -(-N // 128) == 19 and -(-K // 512) == 33
-    for blocks in (1, 7, 19, 38, 64, 300):
-        cfg = dict(base, blocks=blocks)
+    for wg, blocks in [(2, b) for b in (1, 7, 19, 38, 64, 300)] + [(1, 100), (1, 300)]:
+        cfg = dict(base, wg=wg, blocks=blocks)
         outs = []
         for _ in range(2):
             out = torch.full((M, N), float("nan"), dtype=od, device="cuda")
             skinny.launch_tma(a, w, out, sa, sw, M, N, K, cfg, sms)
             outs.append(out)
-        assert _rel(outs[0], ref) < tol, blocks
-        assert torch.equal(outs[0], outs[1]), blocks
+        assert _rel(outs[0], ref) < tol, cfg
+        assert torch.equal(outs[0], outs[1]), cfg
 
 
 def test_misaligned_operands():
