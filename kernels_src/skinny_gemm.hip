@@ -770,6 +770,7 @@ __device__ __forceinline__ int range_owner(long long f, long long total, long lo
 template <int V, int THREADS, int BATCH = 1>
 __device__ __forceinline__ bool streamk_fixup(float (&vals)[V], int ct, float* __restrict__ ws, int* tickets, int tile,
                                               int nk, long long total) {
+    static_assert(BATCH >= 1, "BATCH: blocks' partials loaded at once, at least 1");
     __shared__ int last_flag;
     const long long t0 = (long long)tile * nk;
     const int first = range_owner(t0, total, gridDim.x), last = range_owner(t0 + nk - 1, total, gridDim.x);
@@ -1028,7 +1029,8 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
     // two, one with two and the SwiGLU epilogue (more spill at the 168 registers of 384 threads). H200, M = 32,
     // about 7 blocks a tile (2304 x 16384, graph replays, same sums): FP8 20.5 -> 20.0 us (2 warpgroups), 19.6 ->
     // 18.9 (1); bf16 31.5 -> 30.8.
-    constexpr int kFixupBatch = WG == 1 ? 64 / kVals : (EP::kind == 2 || 32 / kVals < 1) ? 1 : 32 / kVals;
+    constexpr int kFixupRegs = WG == 1 ? 64 : EP::kind == 2 ? 0 : 32;
+    constexpr int kFixupBatch = kFixupRegs / kVals > 1 ? kFixupRegs / kVals : 1;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024u - (rocjit::smem_u32(smem_raw) & 1023u)) & 1023u);
     float* scales = reinterpret_cast<float*>(smem + STAGES * kStage);
