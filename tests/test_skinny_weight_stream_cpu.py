@@ -362,3 +362,27 @@ def test_capture_tickets_from_threads_at_once_never_overlap(monkeypatch):
     assert len(got) == 160 and len(set(got)) == 160
     got.sort()
     assert all(a1 <= b0 for (_, a1), (b0, _) in zip(got, got[1:]))
+
+
+def test_stream_buffers_grow_and_keep_what_they_replace(monkeypatch):
+    """The per-stream tickets and workspace are reused while they are large enough; a larger request makes a new
+    zeroed buffer (the workspace at least doubles) and keeps the old one for good, never handed out again."""
+    made = []
+
+    def zeros(n, dtype, device):
+        made.append((n, dtype))
+        return torch.zeros(n, dtype=dtype)
+    state = [None, None]
+    monkeypatch.setattr(G, "_persistent_zeros", zeros)
+    monkeypatch.setattr(G, "_stream_slot", lambda device: state)
+    monkeypatch.setattr(G, "_retired", [])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    t0, w0 = G._stream_buffers(_Dev(), 10, 100)
+    assert made == [(4096, torch.int32), (100, torch.float32)] and G._retired == []
+    t1, w1 = G._stream_buffers(_Dev(), 4096, 100)
+    assert t1 is t0 and w1 is w0 and len(made) == 2
+    w2 = G._stream_workspace(_Dev(), 150)
+    assert made[-1] == (200, torch.float32) and w2 is not w0 and G._retired == [w0]
+    t3, w3 = G._stream_buffers(_Dev(), 5000, 500)
+    assert made[-2:] == [(5000, torch.int32), (500, torch.float32)] and w3 is not w2
+    assert G._retired == [w0, t0, w2] and state == [t3, w3]

@@ -438,6 +438,16 @@ def _stream_slot(device) -> list:
     return _stream_state.setdefault((device.index, torch.cuda.current_stream(device).cuda_stream), [None, None])
 
 
+def _slot_buffer(state: list, i: int, n: int, grow: int, dtype, device):
+    """state[i] when it holds n elements, else a new zeroed buffer of `grow` (>= n) elements put there; the one it
+    replaces is kept for good (launches queued on the stream may still use it) and never handed out again."""
+    if state[i] is None or state[i].numel() < n:
+        if state[i] is not None:
+            _retired.append(state[i])
+        state[i] = _persistent_zeros(grow, dtype, device)
+    return state[i]
+
+
 def _stream_workspace(device, floats: int):
     """fp32 scratch of the current stream, kept from call to call (launches on one stream never use it at the same
     time): the stream kernel's fix-up partials, the split-K kernels' partials. A graph being captured gets a
@@ -446,12 +456,8 @@ def _stream_workspace(device, floats: int):
     if torch.cuda.is_current_stream_capturing():
         return torch.empty(floats, dtype=torch.float32, device=device)
     state = _stream_slot(device)
-    if state[1] is None or state[1].numel() < floats:
-        if state[1] is not None:      # launches queued on the stream may still use it: never handed out again
-            _retired.append(state[1])
-        state[1] = _persistent_zeros(max(floats, 2 * (state[1].numel() if state[1] is not None else 0)),
-                                     torch.float32, device)
-    return state[1]
+    grow = max(floats, 2 * (state[1].numel() if state[1] is not None else 0))
+    return _slot_buffer(state, 1, floats, grow, torch.float32, device)
 
 
 def _stream_buffers(device, tiles: int, ws_floats: int):
@@ -463,12 +469,8 @@ def _stream_buffers(device, tiles: int, ws_floats: int):
     if torch.cuda.is_current_stream_capturing():
         return _tickets_for_capture(device, tiles), _stream_workspace(device, ws_floats)
     size = max(tiles, 4096)
-    state = _stream_slot(device)
-    if state[0] is None or state[0].numel() < size:
-        if state[0] is not None:
-            _retired.append(state[0])
-        state[0] = _persistent_zeros(size, torch.int32, device)
-    return state[0], _stream_workspace(device, ws_floats)
+    tickets = _slot_buffer(_stream_slot(device), 0, size, size, torch.int32, device)
+    return tickets, _stream_workspace(device, ws_floats)
 
 
 def launch_stream(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, sms: int, call=UNRECORDED, *,
