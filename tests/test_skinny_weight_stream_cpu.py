@@ -301,7 +301,7 @@ def _fake_pools(monkeypatch):
     def zeros(n, dtype, device):
         made.append(n)
         return torch.zeros(n, dtype=dtype)
-    monkeypatch.setattr(G, "_persistent_zeros", zeros)
+    monkeypatch.setattr(G.C, "persistent_zeros", zeros)
     monkeypatch.setattr(G, "_capture_tickets", {})
     monkeypatch.setattr(G, "_graph_tickets", [])
     return made
@@ -347,7 +347,7 @@ def test_capture_tickets_from_threads_at_once_never_overlap(monkeypatch):
     """Threads capturing at the same time take slices of one pool: none is handed out twice."""
     import threading
     _fake_pools(monkeypatch)
-    monkeypatch.setattr(G, "_persistent_zeros", lambda n, dtype, device: _SlowPool(torch.zeros(n, dtype=dtype)))
+    monkeypatch.setattr(G.C, "persistent_zeros", lambda n, dtype, device: _SlowPool(torch.zeros(n, dtype=dtype)))
     got, start = [], threading.Barrier(8)
 
     def take():
@@ -373,7 +373,7 @@ def test_stream_buffers_grow_and_keep_what_they_replace(monkeypatch):
         made.append((n, dtype))
         return torch.zeros(n, dtype=dtype)
     state = [None, None]
-    monkeypatch.setattr(G, "_persistent_zeros", zeros)
+    monkeypatch.setattr(G.C, "persistent_zeros", zeros)
     monkeypatch.setattr(G, "_stream_slot", lambda device: state)
     monkeypatch.setattr(G, "_retired", [])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

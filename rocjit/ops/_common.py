@@ -6,6 +6,7 @@ returned in the caller's framework. Nothing here imports torch until an op is ca
 from __future__ import annotations
 
 import functools
+import threading
 
 # FP8 E4M3 formats: name -> (largest finite value, kernel tag type, torch dtype name, ml_dtypes name)
 FP8_FORMATS = {
@@ -258,15 +259,46 @@ def device_info(device_index: int) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def dummy_f32(device_index: int):
-    """A 1-element float32 tensor passed for unused pointer parameters (keeps the launch on the fast path)."""
+    """A 1-element float32 tensor passed for unused pointer parameters (keeps the launch on the fast path), made
+    once per device beside any capture under way (persistent_zeros: no fill in a graph, no graph-pool memory)."""
     tm = torch()
-    return tm.zeros(1, dtype=tm.float32, device=f"cuda:{device_index}")
+    return persistent_zeros(1, tm.float32, tm.device("cuda", device_index))
 
 
+@functools.lru_cache(maxsize=None)
 def dummy_i64(device_index: int):
-    """A 1-element int64 tensor for unused int64 pointer parameters."""
+    """A 1-element int64 tensor for unused int64 pointer parameters, made as dummy_f32."""
     tm = torch()
-    return tm.zeros(1, dtype=tm.int64, device=f"cuda:{device_index}")
+    return persistent_zeros(1, tm.int64, tm.device("cuda", device_index))
+
+
+def persistent_zeros(n: int, dtype, device):
+    """Zeroed memory that lives as long as the process, made on a thread of its own and a side stream, and finished
+    when this returns. Its own thread: allocations of the calling thread may be routed into a CUDA-graph pool
+    (torch.compile's cudagraph trees do that), which must not keep memory of ours. A side stream in relaxed capture
+    mode: while a stream is being captured (by this thread or another), the fill and the wait for it stay out of
+    the graph. A fill captured into the graph instead would run on every replay (2 - 3 us of a decode step per
+    launch that takes stream-K tickets), from memory of the graph's pool."""
+    import torch
+    from rocjit.platform import cuda
+    box = []
+
+    def alloc():
+        try:
+            with cuda.relaxed_capture_mode():
+                side = torch.cuda.Stream(device)
+                with torch.cuda.stream(side):
+                    t = torch.zeros(n, dtype=dtype, device=device)
+                side.synchronize()
+            box.append(t)
+        except BaseException as e:       # passed on to the caller
+            box.append(e)
+    th = threading.Thread(target=alloc, name="rocjit-alloc")
+    th.start()
+    th.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 # ----------------------------------------------------------------------------- torch custom ops

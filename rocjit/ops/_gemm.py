@@ -383,48 +383,19 @@ _retired: list = []                  # outgrown per-stream buffers (queued kerne
 _capture_lock = threading.Lock()
 
 
-def _persistent_zeros(n: int, dtype, device):
-    """Zeroed memory that lives as long as the process, made on a thread of its own and a side stream, and finished
-    when this returns. Its own thread: allocations of the calling thread may be routed into a CUDA-graph pool
-    (torch.compile's cudagraph trees do that), which must not keep memory of ours. A side stream in relaxed capture
-    mode: while a stream is being captured (by this thread or another), the fill and the wait for it stay out of
-    the graph. A fill captured into the graph instead would run on every replay (2 - 3 us of a decode step per
-    launch that takes tickets)."""
-    import torch
-    from rocjit.platform import cuda
-    box = []
-
-    def alloc():
-        try:
-            with cuda.relaxed_capture_mode():
-                side = torch.cuda.Stream(device)
-                with torch.cuda.stream(side):
-                    t = torch.zeros(n, dtype=dtype, device=device)
-                side.synchronize()
-            box.append(t)
-        except BaseException as e:       # passed on to the caller
-            box.append(e)
-    th = threading.Thread(target=alloc, name="rocjit-alloc")
-    th.start()
-    th.join()
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
-
-
 _TICKET_SLOT = 64                    # ints per slice of the capture pool (256 bytes)
 _TICKET_POOL = 1 << 16               # ints per capture pool (256 KB)
 
 
 def _tickets_for_capture(device, tiles: int):
     """Zeroed tickets of their own for a launch being captured (a graph may replay beside the stream's own
-    launches), cut from a pool made beside the capture (_persistent_zeros) and kept for good."""
+    launches), cut from a pool made beside the capture (C.persistent_zeros) and kept for good."""
     import torch
     need = -(-max(tiles, 1) // _TICKET_SLOT) * _TICKET_SLOT
     with _capture_lock:               # threads capturing at once never share a slice
         pool = _capture_tickets.get(device.index)
         if pool is None or pool[1] + need > pool[0].numel():
-            pool = [_persistent_zeros(max(need, _TICKET_POOL), torch.int32, device), 0]
+            pool = [C.persistent_zeros(max(need, _TICKET_POOL), torch.int32, device), 0]
             _capture_tickets[device.index] = pool
             _graph_tickets.append(pool[0])
         t = pool[0][pool[1]:pool[1] + need]
@@ -444,7 +415,7 @@ def _slot_buffer(state: list, i: int, n: int, grow: int, dtype, device):
     if state[i] is None or state[i].numel() < n:
         if state[i] is not None:
             _retired.append(state[i])
-        state[i] = _persistent_zeros(grow, dtype, device)
+        state[i] = C.persistent_zeros(grow, dtype, device)
     return state[i]
 
 

@@ -344,10 +344,14 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
         sb = _k_block_rows(sb, N, K, call)
     ta = call.derive(G.tensor_map_fn(K, M, a_km.stride(0), bm // cluster), a_km)
     tb = call.derive(G.tensor_map_fn(K, N, b_km.stride(0), cfg["bn"]), b_km)
-    # the stream's fp32 scratch: the partials with split-K, else an unread argument (a tensor still: the generated
-    # fast launcher takes tensors only, and None sent the launch down the general path, about 30 us more host time)
-    ws = call.const(G._stream_workspace(c.device, splits * M * N if splits > 1 else 1))
-    call.bind_stream()
+    # with split-K the partials, in the stream's fp32 scratch (so the plan belongs to that stream); else an unread
+    # argument, the device's dummy (a tensor still: the generated fast launcher takes tensors only, and None sent
+    # the launch down the general path, about 30 us more host time), and the plan replays on any stream
+    if splits > 1:
+        ws = call.const(G._stream_workspace(c.device, splits * M * N))
+        call.bind_stream()
+    else:
+        ws = call.const(C.dummy_f32(c.device.index or 0))
     call.launch(kernel, grid, block, ta, tb, c, ws, splits, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2],
                 sb[1], sb[2], shared_mem=smem_bytes(cfg))
     if splits > 1:

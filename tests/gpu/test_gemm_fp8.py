@@ -301,6 +301,34 @@ def test_repeated_calls_replay_the_tma_kernel_and_stay_exact(layout):
         entry.clear_plans()
 
 
+def test_unsplit_tma_plan_replays_on_another_stream():
+    """A product the TMA kernel computes in one launch (1536 x 1536: more 128 x 128 tiles than half the GPU, so no
+    split-K twin) keeps no per-stream state (its unread workspace argument is the device's dummy), so its plan
+    replays on another stream too, exact there on new data against float64."""
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    M, N, K = 1536, 1536, 512
+    entry = ops.REGISTRY["gemm_fp8_blockwise"]
+    entry.clear_plans()
+    try:
+        xq, xs, wq, ws, ref = _operands(M, N, K, False, seed=5)
+        _close(ops.gemm_fp8_blockwise(xq, xs, wq, ws, layout="NT"), ref, torch.bfloat16)
+        names = [k for k, *_ in entry.last_plan]
+        assert any(k.startswith("gemm_fp8_blockwise_tma") for k in names) and len(names) == 1, names
+        before = entry.plans.hits
+        xq, xs, wq, ws, ref = _operands(M, N, K, False, seed=6)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = ops.gemm_fp8_blockwise(xq, xs, wq, ws, layout="NT")
+        torch.cuda.current_stream().wait_stream(side)
+        assert entry.plans.hits == before + 1
+        _close(y, ref, torch.bfloat16)
+    finally:
+        entry.clear_plans()
+
+
 def test_split_k_replays_sum_each_calls_partials():
     """A product split along K (two launches: the TMA kernel into the stream's workspace, then the sum in split
     order) replays both, exact on new data every call."""

@@ -321,6 +321,38 @@ def test_outputs_land_on_their_device_whichever_is_current():
     assert one.device == torch.device("cuda:1")
 
 
+def test_dummy_made_during_a_capture_adds_no_kernel():
+    """The 1-element tensor passed for unused pointer parameters, made at its first use while a graph is being
+    captured, is made beside the capture: the graph holds the op's one kernel and no fill, and its replays match
+    float64 on poisoned outputs."""
+    from torch.profiler import ProfilerActivity, profile
+    from rocjit.ops import _common as C
+    g = torch.Generator(device="cuda").manual_seed(21)
+    x = torch.randn(37, 1000, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.rand(1000, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    ops.rms_norm(x, w)                                   # compiled and loaded outside the capture
+    torch.cuda.synchronize()
+    ops.REGISTRY["rms_norm"].clear_plans()               # so that the capture runs the op's full path
+    C.dummy_f32.cache_clear()
+    out = torch.empty_like(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        ops.rms_norm(x, w, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    assert C.dummy_f32.cache_info().currsize == 1        # made during the capture
+    out.fill_(float("nan"))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert len(kernels) == 1 and "rms_norm" in kernels[0], kernels
+    err = (out.double() - ref).abs() / (ref.abs() + 1e-2)
+    assert not torch.isnan(out).any() and float(err.max()) < 2 ** -7
+
+
 def test_tma_path_replays_with_each_calls_weight(monkeypatch):
     """skinny_tma_kernel's tensor map is encoded for the weight's address: an eager replay makes it again for
     the call's own weight (Call.derive). Calls with several weights of one shape -- as a model's layers make them --
