@@ -279,16 +279,16 @@ def persistent_zeros(n: int, dtype, device):
     mode: while a stream is being captured (by this thread or another), the fill and the wait for it stay out of
     the graph. A fill captured into the graph instead would run on every replay (2 - 3 us of a decode step per
     launch that takes stream-K tickets), from memory of the graph's pool."""
-    import torch
     from rocjit.platform import cuda
+    tm = torch()
     box = []
 
     def alloc():
         try:
             with cuda.relaxed_capture_mode():
-                side = torch.cuda.Stream(device)
-                with torch.cuda.stream(side):
-                    t = torch.zeros(n, dtype=dtype, device=device)
+                side = tm.cuda.Stream(device)
+                with tm.cuda.stream(side):
+                    t = tm.zeros(n, dtype=dtype, device=device)
                 side.synchronize()
             box.append(t)
         except BaseException as e:       # passed on to the caller

@@ -58,6 +58,14 @@ def _layout_args(layout, xq, xs, wq, ws):
     return xq.t(), xs.t(), wq.t(), ws.t()                                 # views of K-major memory: in place
 
 
+def _need_sm90a(kernel: str) -> str:
+    """This device's target; the test is skipped where it is not sm_90a (the wgmma / TMA kernels run there only)."""
+    target = _gemm._device(0)[0]
+    if not G.is_sm90a(target):
+        pytest.skip(f"the {kernel} kernel runs on sm_90a only (this device: {target})")
+    return target
+
+
 def _close(got, ref, od):
     got = got.double()
     assert torch.isfinite(got).all()
@@ -119,9 +127,7 @@ SM90_CASES = [(200, 136, 384, False, False), (77, 300, 208, True, False), (257, 
 @pytest.mark.parametrize("od", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("M, N, K, sb_rows, trans_c", SM90_CASES)
 def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od):
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
+    target = _need_sm90a("wgmma")
     xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M * 7 + K)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     sa, sb = G._strided(xs), G._strided(ws)
@@ -141,9 +147,7 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
                                                            (77, 300, 8300, True, True, torch.float32),
                                                            (200, 136, 1000, True, False, torch.float16)])
 def test_tma_kernel_split_k_against_float64(M, N, K, sb_rows, trans_c, od):
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    target = _need_sm90a("TMA")
     xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + N + K)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     sa, sb = G._strided(xs), G._strided(ws)
@@ -158,9 +162,7 @@ def test_tma_kernel_split_k_against_float64(M, N, K, sb_rows, trans_c, od):
 def test_split_k_through_the_op_and_a_graph():
     """128 x 264 x 2048 has 3 tiles of 128 x 128: the op's default is split-K (autotuning off here), eagerly, on the
     plan's replay and replayed from a CUDA graph, each against the float64 reference."""
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    target = _need_sm90a("TMA")
     M, N, K = 128, 264, 2048
     xq, xs, wq, ws, ref = _operands(M, N, K, False, seed=11)
     sms = _gemm._device(0)[2]
@@ -195,9 +197,7 @@ def _kb_major(s, offset=0):
                                                       (2100, 1900, 384, 0, False), (77, 302, 208, 0, False),
                                                       (200, 264, 256, 1, True)])
 def test_tma_kernel_column_contiguous_row_scales(M, N, K, offset, trans_c):
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    target = _need_sm90a("TMA")
     xq, xs, wq, ws, ref = _operands(M, N, K, True, seed=N + K)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     sa, sb = G._strided(xs), G._strided(_kb_major(ws, offset))
@@ -218,9 +218,7 @@ def test_tma_kernel_column_contiguous_row_scales(M, N, K, offset, trans_c):
                                                         (300, 520, 1024, 0, "row_major")])
 @pytest.mark.parametrize("sb_rows", [False, True])
 def test_tma_kernel_m_major_a_scales(M, N, K, offset, layout_in, sb_rows):
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    target = _need_sm90a("TMA")
     xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + K)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     sa = G._strided(_kb_major(xs, offset) if layout_in == "m_major" else xs)
@@ -257,9 +255,7 @@ def test_repeated_calls_replay_the_tma_kernel_and_stay_exact(layout):
     (Call.derive), the scales and operands given as transposed views passed as their pointers (Call.alias), each
     replay exact on new data at new addresses; a scale in another layout, a misaligned operand and a changed shape
     take the full path (the last with its named error)."""
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    _need_sm90a("TMA")
     M, N, K = 384, 520, 1024
     entry = ops.REGISTRY["gemm_fp8_blockwise"]
 
@@ -305,9 +301,7 @@ def test_unsplit_tma_plan_replays_on_another_stream():
     """A product the TMA kernel computes in one launch (1536 x 1536: more 128 x 128 tiles than half the GPU, so no
     split-K twin) keeps no per-stream state (its unread workspace argument is the device's dummy), so its plan
     replays on another stream too, exact there on new data against float64."""
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    _need_sm90a("TMA")
     M, N, K = 1536, 1536, 512
     entry = ops.REGISTRY["gemm_fp8_blockwise"]
     entry.clear_plans()
@@ -333,9 +327,7 @@ def test_unsplit_tma_plan_replays_on_another_stream():
 def test_split_k_replays_sum_each_calls_partials():
     """A product split along K (two launches: the TMA kernel into the stream's workspace, then the sum in split
     order) replays both, exact on new data every call."""
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the TMA kernel runs on sm_90a only (this device: {target})")
+    _need_sm90a("TMA")
     M, N, K = 64, 2112, 7168
     entry = ops.REGISTRY["gemm_fp8_blockwise"]
     entry.clear_plans()
@@ -430,9 +422,7 @@ def test_decode_kernel_in_a_cuda_graph():
 
 
 def test_wgmma_kernel_is_the_default_for_prefill_shapes(monkeypatch):
-    target = _gemm._device(0)[0]
-    if not G.is_sm90a(target):
-        pytest.skip(f"the wgmma kernel runs on sm_90a only (this device: {target})")
+    target = _need_sm90a("wgmma")
     monkeypatch.delenv("ROCJIT_GEMM_FP8_SM90", raising=False)         # on by default on sm_90a
     cands = G.candidates(target, G._smem_limit(0))
     assert G.default_config(4096, 4096, _gemm._device(0)[2], cands).get("kernel") == "tma"
