@@ -975,12 +975,15 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
 //
 // Tiles of R = 64 * SLABS * WG weight rows; a chunk is KB boxes of R rows x 128 bytes of K, copied by TMA in
 // boxes of 32 rows (tensor map `wmap` over W as N rows of K * sizeof(E) bytes, box 32 x 128, 128B swizzle, zeros
-// outside W) that complete on the stage's mbarrier, plus the same K bytes of the M activation rows (cp.async, 16 bytes a lane,
-// written in the 128B-swizzled layout; rows M..NB-1 are zeroed once). Warpgroup 0 copies, warpgroups 1..WG
+// outside W) that complete on the stage's mbarrier, plus the same K bytes of the NB activation rows, also by TMA (tensor
+// map `amap` over A as M rows of K * sizeof(E) bytes, box NB x 128 bytes: rows M..NB-1 and K past the end read as
+// zeros) on the same mbarrier. Warpgroup 0 copies, warpgroups 1..WG
 // multiply: each owns SLABS slabs of 64 weight rows and runs wgmma m64nNBk32 (e4m3) / k16 (bf16, f16) per 32
 // bytes of K with the slab as A and the activation rows as B, so C^T's 64 x NB tile sits in the mma.sync
 // accumulator layout and leaves through the same epilogues (write_acc) and the same fix-up as the stream kernel.
-// No lane loads a weight: one thread issues KB copies of R x 128 bytes per chunk.
+// No lane loads a weight or an activation: one thread issues a chunk's copies. (The activations used to come by
+// cp.async, 16 bytes a lane, which made every stage wait for 128 threads' copies and every multiplying warpgroup
+// fence the generic proxy's writes against wgmma's reads.)
 #if ROCJIT_HAS_WGMMA
 namespace skinny {
 template <class E, int NB> struct wg_mma;
@@ -1009,7 +1012,8 @@ SKINNY_WG(f16_t, 8, f16_n8) SKINNY_WG(f16_t, 16, f16_n16) SKINNY_WG(f16_t, 32, f
 // full weight stream, they cost an H200 6.5 us (FP8 13312 x 16384, M = 32: 66.8 against 60.3 with no scales).
 template <class E, class OT, int NB, int SLABS, int WG, int KB, int STAGES, class EP>
 __launch_bounds__((WG + 1) * 128, 1) __global__ void
-skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const typename E::storage* __restrict__ a,
+skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRID_CONSTANT const rocjit::tensor_map amap,
+                  const typename E::storage* __restrict__ a,
                   OT* out, float* __restrict__ ws, int* __restrict__ tickets, const OT* residual,
                   const float* __restrict__ out_scale, const float* __restrict__ scale_a,
                   const float* __restrict__ scale_w, int scale_modes, int M, int N, int K, int ldo) {
@@ -1047,12 +1051,6 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
     const long long begin = range_start(blockIdx.x, total, gridDim.x);
     const long long end = range_start(blockIdx.x + 1, total, gridDim.x);
 
-    for (int i = threadIdx.x; i < STAGES * KB * NB * 8; i += blockDim.x) {   // activation rows >= M: zero for good
-        const int row = (i / 8) % NB, box = i / (8 * NB);
-        if (row >= M)
-            *reinterpret_cast<uint4*>(atile(box / KB, box % KB) + row * kBox + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
-    }
-    rocjit::wgmma::fence_proxy_async();                   // those zeros, visible to wgmma
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) { rocjit::mbar_init(&full[s], 128); rocjit::mbar_init(&empty[s], WG * 4); }
         rocjit::mbar_init_fence();
@@ -1060,41 +1058,36 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
     __syncthreads();
 
     if (warp < 4) {
-        // ---- copy warpgroup: thread 0 issues the weight boxes, all 128 threads the activation bytes ----
+        // ---- copy warpgroup: thread 0 issues the weight and activation boxes, all 128 threads the scales ----
         const int pt = threadIdx.x;
         if (pt == 0) {
             rocjit::tma::prefetch(&wmap);
+            rocjit::tma::prefetch(&amap);
             for (long long f = begin; f < end && f < begin + STAGES; ++f)   // weights do not depend on the kernel ahead
                 for (int j = 0; j < KB; ++j)
                     rocjit::tma::prefetch_2d_l2(&wmap, (int)((f % nk) * kChunk + j * kBox), (int)(f / nk) * kRows);
         }
         rocjit::grid_dependency_wait();                   // before the first activation read
-        const unsigned char* abytes = reinterpret_cast<const unsigned char*>(a);
         for (long long f = begin; f < end; ++f) {
             const int i = (int)(f - begin), s = i % STAGES;
             const int tile = (int)(f / nk);
             const long long k0 = (f % nk) * kChunk;
             rocjit::mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);
             if (pt == 0) {   // boxes of 32 rows, all KB of a row group back to back: longer runs along each row
-                rocjit::tma::expect_bytes(&full[s], KB * kWBytes);
+                rocjit::tma::expect_bytes(&full[s], KB * (kWBytes + kABytes));
+                for (int j = 0; j < KB; ++j)
+                    rocjit::tma::load_2d(atile(s, j), &amap, (int)(k0 + j * kBox), 0, &full[s]);
                 for (int g = 0; g < kRows / kBoxRows; ++g)
                     for (int j = 0; j < KB; ++j)
                         rocjit::tma::load_2d(wtile(s, j) + g * kBoxRows * kBox, &wmap, (int)(k0 + j * kBox),
                                              tile * kRows + g * kBoxRows, &full[s]);
-            }
-            for (int q = pt; q < M * KB * 8; q += 128) {
-                const int m = q / (KB * 8), j = (q / 8) % KB, c = q % 8;
-                const long long k = k0 + j * kBox + c * 16;
-                const bool live = k < kbytes;
-                rocjit::mma8::copy16(atile(s, j) + m * kBox + ((c ^ (m & 7)) << 4),
-                                     live ? abytes + (size_t)m * kbytes + k : abytes, live);
             }
             if (f % nk == nk - 1 || f == end - 1) {      // a segment ends here: its epilogue's scales ride along
                 for (int q = pt; q < kScales; q += 128) {
                     const float* src = q < kRows ? scale_w : scale_a;
                     const int i = q < kRows ? ((scale_modes & 1) ? tile * kRows + q : 0) : ((scale_modes & 2) ? q - kRows : 0);
                     const bool live = src != nullptr && (q < kRows ? i < N : i < M);
-                    rocjit::mma8::copy4(scales + s * kScales + q, live ? src + i : reinterpret_cast<const float*>(abytes), live);
+                    rocjit::mma8::copy4(scales + s * kScales + q, live ? src + i : reinterpret_cast<const float*>(a), live);
                 }
             }
             rocjit::cp_async_arrive(&full[s]);
@@ -1116,7 +1109,6 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, const type
         const int i = (int)(f - begin), s = i % STAGES;
         const int tile = (int)(f / nk), kc = (int)(f % nk);
         rocjit::mbar_wait(&full[s], (i / STAGES) & 1);
-        rocjit::wgmma::fence_proxy_async();               // the activations' cp.async writes, visible to wgmma
 #pragma unroll
         for (int j = 0; j < KB; ++j) {
             // Each k32 step into fresh partials, then added to acc in fp32: FP8 wgmma keeps only about 14 bits of

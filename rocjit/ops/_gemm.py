@@ -196,6 +196,11 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 # 17.8) and at M <= 16 (61 against 57.9 at M = 16). Of the remaining gap to the bare stream, the stream-K fix-up
 # (~1 - 5 us) goes where whole_tile_grid applies; the stores' ~5 us is where they sit (the kernel's tail), not their
 # width: staged through shared memory into 16-byte runs they ran the same (16384 x 6656: 34.0 against 32.7 us).
+# The activations now come by TMA as well (they came by cp.async, 16 bytes a lane, with a proxy fence per stage in
+# every multiplying warpgroup): outputs bit-identical, H200, M = 32, alternating rounds, best config each: bf16
+# 16384 x 6656 60.4 -> 56.8 us, 13312 x 16384 120.0 -> 115.3, 2304 x 16384 29.2 -> 27.2 (one warpgroup, 1.18x);
+# FP8 2304 x 16384 18.8 -> 16.9, 16384 x 6656 31.6 -> 31.0, 13312 x 16384 unchanged (61.6 / 62.1); configs of one
+# multiplying warpgroup gained 7 - 37% everywhere.
 _TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
 _TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
 TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip
@@ -519,23 +524,27 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
     tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * (wg * 128) * (slabs * nb // 2))
     tmap = call.derive(tensor_map_fn(kbytes, N, kbytes, TMA_BOX_ROWS), w)
+    amap = call.derive(tensor_map_fn(kbytes, M, kbytes, nb), a)     # boxes of nb rows: rows past M read as zeros
     name = f"skinny_tma_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {nb}, {slabs}, {wg}, {kb}, {stages}, {ep}>"
     call.const(tickets)
     call.const(ws)
     call.bind_stream()
-    call.launch(_kernel(SRC, name), grid, (wg + 1) * 128, tmap, a, out, ws, tickets, residual, out_scale, scale_a,
+    call.launch(_kernel(SRC, name), grid, (wg + 1) * 128, tmap, amap, a, out, ws, tickets, residual, out_scale, scale_a,
                 scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1],
                 shared_mem=1024 + stages * tma_stage_bytes(M, cfg) + 16 * stages)
     return out
 
 
+@functools.lru_cache(maxsize=256)
 def tensor_map_fn(kbytes: int, rows: int, ld: int, box_rows: int):
     """address -> the tensor map of a K-major operand at `address` (`rows` rows of `kbytes` bytes, `ld` bytes apart;
     boxes of box_rows x 128 bytes, as skinny_tma_kernel and gemm_fp8_blockwise's TMA kernel copy them): the function
-    an eager plan calls on every replay (Call.derive), with the encoder bound here rather than imported per call."""
+    an eager plan calls on every replay (Call.derive), with the encoder bound here rather than imported per call.
+    One function per geometry, remembering the maps of its last 64 addresses: a map describes only an address and a
+    geometry, and a decode step's activations come back to the same few addresses (the caching allocator)."""
     from rocjit.platform import cuda
     encode = cuda.tensor_map_2d
-    return lambda address: encode(address, kbytes, rows, ld, 128, box_rows)
+    return functools.lru_cache(maxsize=64)(lambda address: encode(address, kbytes, rows, ld, 128, box_rows))
 
 
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, modes: int, scale_a,

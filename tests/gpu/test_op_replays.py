@@ -354,9 +354,10 @@ def test_dummy_made_during_a_capture_adds_no_kernel():
 
 
 def test_tma_path_replays_with_each_calls_weight(monkeypatch):
-    """skinny_tma_kernel's tensor map is encoded for the weight's address: an eager replay makes it again for
-    the call's own weight (Call.derive). Calls with several weights of one shape -- as a model's layers make them --
-    each match float64 on their own weight, and all but the first are replays."""
+    """skinny_tma_kernel's tensor maps are encoded for the weight's and the activations' addresses: an eager replay
+    makes them again for the call's own operands (Call.derive). Calls with several weights of one shape -- as a
+    model's layers make them -- and new activations each time each match float64 on their own operands, and all but
+    the first are replays."""
     from rocjit.ops import _gemm as G
     from rocjit.ops import skinny
     target, _, sms = G._device(0)
