@@ -1068,6 +1068,8 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
                     rocjit::tma::prefetch_2d_l2(&wmap, (int)((f % nk) * kChunk + j * kBox), (int)(f / nk) * kRows);
         }
         rocjit::grid_dependency_wait();                   // before the first activation read
+        // SKINNY_W_HINT 3 and 4 (the default): the weights' lines are the first L2 evicts (read once); others: no policy
+        const unsigned long long wpol = rocjit::tma::evict_first_policy();
         for (long long f = begin; f < end; ++f) {
             const int i = (int)(f - begin), s = i % STAGES;
             const int tile = (int)(f / nk);
@@ -1078,9 +1080,14 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
                 for (int j = 0; j < KB; ++j)
                     rocjit::tma::load_2d(atile(s, j), &amap, (int)(k0 + j * kBox), 0, &full[s]);
                 for (int g = 0; g < kRows / kBoxRows; ++g)
-                    for (int j = 0; j < KB; ++j)
-                        rocjit::tma::load_2d(wtile(s, j) + g * kBoxRows * kBox, &wmap, (int)(k0 + j * kBox),
-                                             tile * kRows + g * kBoxRows, &full[s]);
+                    for (int j = 0; j < KB; ++j) {
+                        unsigned char* dst = wtile(s, j) + g * kBoxRows * kBox;
+                        const int x = (int)(k0 + j * kBox), y = tile * kRows + g * kBoxRows;
+                        if constexpr (SKINNY_W_HINT >= 3)
+                            rocjit::tma::load_2d_hint(dst, &wmap, x, y, &full[s], wpol);
+                        else
+                            rocjit::tma::load_2d(dst, &wmap, x, y, &full[s]);
+                    }
             }
             if (f % nk == nk - 1 || f == end - 1) {      // a segment ends here: its epilogue's scales ride along
                 for (int q = pt; q < kScales; q += 128) {

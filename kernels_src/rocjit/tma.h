@@ -48,6 +48,30 @@ ROCJIT_INLINE void load_2d(void* dst, const tensor_map* m, int x, int y, unsigne
 #endif
 }
 
+// An L2 cache policy for data read once (a decode GEMM's weights): its lines are the first evicted, so the stream
+// does not push out what the kernels around it reuse (activations, the next layer's inputs).
+ROCJIT_INLINE unsigned long long evict_first_policy() {
+    unsigned long long pol = 0;
+#if ROCJIT_HAS_TMA
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
+// load_2d with an L2 cache policy (evict_first_policy) on the lines it reads.
+ROCJIT_INLINE void load_2d_hint(void* dst, const tensor_map* m, int x, int y, unsigned long long* bar,
+                                unsigned long long policy) {
+#if ROCJIT_HAS_TMA
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3}], [%4], %5;"
+        :: "r"(smem_u32(dst)), "l"(m), "r"(x), "r"(y), "r"(smem_u32(bar)), "l"(policy) : "memory");
+#else
+    (void)dst; (void)m; (void)x; (void)y; (void)bar; (void)policy;
+    unsupported_on_target();
+#endif
+}
+
 // Ask L2 for the box at (x, y) of `m`, moving nothing into shared memory (a prefetch reads no value: it may
 // run before grid_dependency_wait even where the kernel ahead writes the tensor).
 ROCJIT_INLINE void prefetch_2d_l2(const tensor_map* m, int x, int y) {
