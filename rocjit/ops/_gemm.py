@@ -530,8 +530,8 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     call.const(tickets)
     call.const(ws)
     call.bind_stream()
-    call.launch(_kernel(SRC, name, hint_defines(cfg)), grid, (wg + 1) * 128, tmap, amap, a, out, ws, tickets, residual, out_scale, scale_a,
-                scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1],
+    call.launch(_kernel(SRC, name, hint_defines(cfg)), grid, (wg + 1) * 128, tmap, amap, a, out, ws, tickets, residual,
+                out_scale, scale_a, scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1],
                 shared_mem=1024 + stages * tma_stage_bytes(M, cfg) + 16 * stages)
     return out
 
