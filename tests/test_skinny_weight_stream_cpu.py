@@ -386,3 +386,33 @@ def test_stream_buffers_grow_and_keep_what_they_replace(monkeypatch):
     t3, w3 = G._stream_buffers(_Dev(), 5000, 500)
     assert made[-2:] == [(5000, torch.int32), (500, torch.float32)] and w3 is not w2
     assert G._retired == [w0, t0, w2] and state == [t3, w3]
+
+
+def test_tma_kernel_copies_its_operands_by_tma_and_its_weights_evict_first():
+    """skinny_tma_kernel's sm_90a SASS (cuobjdump, which prints each instruction's encoding): a chunk of KB = 4 boxes
+    of 128 rows is 4 activation copies and 4 x 4 weight copies (32-row boxes), 20 UTMALDG, and no 16-byte cp.async
+    (LDGSTS.128: the activations' old path; the scales' 4-byte ones stay). With the default weight hint (4) the 16
+    weight copies carry an L2 cache policy: their encoding differs from the 4 activation copies', which match the
+    plain copies of a build with hint 2, where all 20 are alike."""
+    import importlib
+    import subprocess
+    import tempfile
+    from collections import Counter
+    if not _nvrtc():
+        pytest.skip("cuda-bindings (NVRTC) not installed")
+    tool = importlib.import_module("rocjit.inspect")._nvidia_tool("cuobjdump")
+    if tool is None:
+        pytest.skip("cuobjdump not installed")
+    name = "skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 2, 4, 2, skinny::ep_store>"
+    enc = {}
+    for hint in (None, "2"):
+        co = Module("skinny_gemm.hip", defines={"SKINNY_W_HINT": hint} if hint else {}).compile("sm_90a", (name,))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(co.binary)
+            f.flush()
+            lines = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout.splitlines()
+        assert not [s for s in lines if "LDGSTS" in s and ".128" in s], hint
+        enc[hint] = Counter(lines[i + 1].strip() for i, s in enumerate(lines) if "UTMALDG" in s)
+    (plain, n), = enc["2"].items()
+    assert n == 20
+    assert enc[None][plain] == 4 and sum(enc[None].values()) == 20 and len(enc[None]) == 2
