@@ -416,3 +416,29 @@ def test_tma_kernel_copies_its_operands_by_tma_and_its_weights_evict_first():
     (plain, n), = enc["2"].items()
     assert n == 20
     assert enc[None][plain] == 4 and sum(enc[None].values()) == 20 and len(enc[None]) == 2
+
+
+def test_tensor_map_functions_are_shared_per_geometry_and_remember_addresses(monkeypatch):
+    """tensor_map_fn: one function per geometry (so an eager plan's replays and every call of a shape share it), which
+    encodes a map once per address and keeps the last 64 (a decode step's activations return to the same few
+    addresses); a map is the driver's encoding of (address, geometry) and nothing else."""
+    from rocjit.platform import cuda
+    encoded = []
+
+    def fake(address, inner, rows, ld, box_inner, box_rows):
+        encoded.append(address)
+        return b"%d %d %d %d %d %d" % (address, inner, rows, ld, box_inner, box_rows)
+
+    monkeypatch.setattr(cuda, "tensor_map_2d", fake)
+    G.tensor_map_fn.cache_clear()
+    try:
+        fn = G.tensor_map_fn(6656, 32, 6656, 32)
+        assert G.tensor_map_fn(6656, 32, 6656, 32) is fn and G.tensor_map_fn(6656, 17, 6656, 32) is not fn
+        assert fn(1 << 20) == b"1048576 6656 32 6656 128 32" and fn(1 << 20) is fn(1 << 20)
+        assert encoded == [1 << 20]
+        for i in range(64):                                  # 64 more addresses push the first one out
+            fn((2 << 20) + 256 * i)
+        fn(1 << 20)
+        assert len(encoded) == 66 and encoded[-1] == 1 << 20
+    finally:
+        G.tensor_map_fn.cache_clear()
