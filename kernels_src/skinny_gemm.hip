@@ -739,16 +739,6 @@ __device__ __forceinline__ void async_copy16_w(void* dst, const void* src, unsig
     async_copy16(dst, src, src_bytes, policy);
 #endif
 }
-__device__ __forceinline__ unsigned long long evict_first_policy() {
-    unsigned long long p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-__device__ __forceinline__ unsigned long long evict_last_policy() {
-    unsigned long long p;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
 __device__ __forceinline__ uint4 lds16(const unsigned char* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ void consumers_sync(int threads) {
     asm volatile("bar.sync 1, %0;" :: "r"(threads) : "memory");
@@ -876,7 +866,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
         // ---- producers: 16-byte granules, consecutive threads along a row (coalesced) ----
         constexpr int kGran = BK / 16;                     // granules per row and chunk
         const int pt = threadIdx.x - CW * 32;
-        const unsigned long long wpol = evict_first_policy(), apol = evict_last_policy();
+        const unsigned long long wpol = rocjit::l2_evict_first_policy(), apol = rocjit::l2_evict_last_policy();
         for (long long f = begin; f < end; ++f) {
             const int i = (int)(f - begin), s = i % STAGES;
             const int tile = (int)(f / nk);
@@ -1069,7 +1059,7 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
         }
         rocjit::grid_dependency_wait();                   // before the first activation read
         // SKINNY_W_HINT 3 and 4 (the default): the weights' lines are the first L2 evicts (read once); others: no policy
-        const unsigned long long wpol = rocjit::tma::evict_first_policy();
+        const unsigned long long wpol = rocjit::l2_evict_first_policy();
         for (long long f = begin; f < end; ++f) {
             const int i = (int)(f - begin), s = i % STAGES;
             const int tile = (int)(f / nk);

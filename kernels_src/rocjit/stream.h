@@ -24,6 +24,24 @@
 
 namespace rocjit {
 
+// L2 cache policies for loads and copies that take one (NVIDIA sm_80+; 0 on AMD, whose loads take none): evict
+// first for data read once (a decode GEMM's weights), so the stream does not push out what the kernels around it
+// reuse; evict last for data every block reads again (a decode GEMM's activations).
+ROCJIT_INLINE unsigned long long l2_evict_first_policy() {
+    unsigned long long pol = 0;
+#if ROCJIT_NVIDIA
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+ROCJIT_INLINE unsigned long long l2_evict_last_policy() {
+    unsigned long long pol = 0;
+#if ROCJIT_NVIDIA
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
 template <int HINT>
 ROCJIT_INLINE uint4 load16_once(const void* p) {
 #if ROCJIT_NVIDIA
@@ -42,8 +60,7 @@ ROCJIT_INLINE uint4 load16_once(const void* p) {
         asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     } else {
-        unsigned long long pol;
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        const unsigned long long pol = l2_evict_first_policy();
         asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
     }

@@ -48,17 +48,7 @@ ROCJIT_INLINE void load_2d(void* dst, const tensor_map* m, int x, int y, unsigne
 #endif
 }
 
-// An L2 cache policy for data read once (a decode GEMM's weights): its lines are the first evicted, so the stream
-// does not push out what the kernels around it reuse (activations, the next layer's inputs).
-ROCJIT_INLINE unsigned long long evict_first_policy() {
-    unsigned long long pol = 0;
-#if ROCJIT_HAS_TMA
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-#endif
-    return pol;
-}
-
-// load_2d with an L2 cache policy (evict_first_policy) on the lines it reads.
+// load_2d with an L2 cache policy on the lines it reads (e.g. rocjit/stream.h's l2_evict_first_policy).
 ROCJIT_INLINE void load_2d_hint(void* dst, const tensor_map* m, int x, int y, unsigned long long* bar,
                                 unsigned long long policy) {
 #if ROCJIT_HAS_TMA
