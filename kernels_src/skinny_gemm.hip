@@ -1006,7 +1006,7 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
                   const typename E::storage* __restrict__ a,
                   OT* out, float* __restrict__ ws, int* __restrict__ tickets, const OT* residual,
                   const float* __restrict__ out_scale, const float* __restrict__ scale_a,
-                  const float* __restrict__ scale_w, int scale_modes, int M, int N, int K, int ldo) {
+                  const float* __restrict__ scale_w, int scale_modes, int M, int N, int K, int ldo, int splits) {
 #if ROCJIT_HAS_WGMMA
     using namespace skinny;
     constexpr int kRows = 64 * SLABS * WG;
@@ -1038,8 +1038,19 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
     const int nk = (int)((kbytes + kChunk - 1) / kChunk);
     const int tiles = (N + kRows - 1) / kRows;
     const long long total = (long long)tiles * nk;
-    const long long begin = range_start(blockIdx.x, total, gridDim.x);
-    const long long end = range_start(blockIdx.x + 1, total, gridDim.x);
+    // splits == 0: stream-K over every chunk, tiles shared between blocks summed by the fix-up (tickets); splits >= 2:
+    // block b owns split b % splits of tile b / splits (a range of whole chunks) and writes its raw sums to
+    // ws [splits, M, N], which skinny_splitk_reduce adds in split order and finishes with the epilogue (no tickets).
+    long long begin, end;
+    if (splits > 0) {
+        const long long t0 = (long long)(blockIdx.x / splits) * nk;
+        const int sp = blockIdx.x % splits;
+        begin = t0 + (long long)sp * nk / splits;
+        end = t0 + (long long)(sp + 1) * nk / splits;
+    } else {
+        begin = range_start(blockIdx.x, total, gridDim.x);
+        end = range_start(blockIdx.x + 1, total, gridDim.x);
+    }
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) { rocjit::mbar_init(&full[s], 128); rocjit::mbar_init(&empty[s], WG * 4); }
@@ -1166,8 +1177,20 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
         if (lane == 0) rocjit::mbar_arrive(&empty[s]);
 
         if (!seg_end) continue;                           // tile segment goes on
-        if (streamk_fixup<kVals, kConsumers, kFixupBatch>(reinterpret_cast<float (&)[kVals]>(acc), ct, ws, tickets,
-                                                           tile, nk, total)) {
+        if (splits > 0) {                                 // this split's raw sums; the reduce kernel scales them
+            const int sp = blockIdx.x % splits;
+#pragma unroll
+            for (int sl = 0; sl < SLABS; ++sl)
+#pragma unroll
+                for (int j = 0; j < NB / 8; ++j)
+#pragma unroll
+                    for (int r = 0; r < kAcc; ++r) {
+                        const int n = tile * kRows + (cg * SLABS + sl) * 64 + 16 * wq + acc_wrow(0, r);
+                        const int m = acc_arow(j, r);
+                        if (n < N && m < M) ws[((size_t)sp * M + m) * N + n] = acc[sl][kAcc * j + r];
+                    }
+        } else if (streamk_fixup<kVals, kConsumers, kFixupBatch>(reinterpret_cast<float (&)[kVals]>(acc), ct, ws,
+                                                                  tickets, tile, nk, total)) {
 #pragma unroll
             for (int sl = 0; sl < SLABS; ++sl)
                 write_acc<EP>(reinterpret_cast<const float (&)[1][NB / 8][kAcc]>(acc[sl]),
@@ -1482,6 +1505,8 @@ skinny_wgmma_kernel(const typename E::storage* __restrict__ a, const typename E:
 // rocjit:check skinny_tma_kernel<skinny::e4m3_t, unsigned char, 32, 1, 2, 2, 5, skinny::ep_swiglu<rocjit::e4m3fn>>
 // rocjit:check skinny_tma_kernel<skinny::bf16_t, __hip_bfloat16, 32, 1, 2, 2, 5, skinny::ep_store>
 // rocjit:check skinny_tma_kernel<skinny::f16_t, __half, 32, 1, 1, 4, 4, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 8, 1, 2, 4, 3, skinny::ep_store>
+// rocjit:check skinny_tma_kernel<skinny::bf16_t, __hip_bfloat16, 16, 1, 2, 2, 5, skinny::ep_residual>
 // rocjit:check skinny_wgmma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 1, 1, skinny::ep_store>
 // rocjit:check skinny_wgmma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 2, 1, 1, skinny::ep_store>
 // rocjit:check skinny_wgmma_kernel<skinny::e4m3_t, __hip_bfloat16, 16, 2, 1, 1, skinny::ep_residual>

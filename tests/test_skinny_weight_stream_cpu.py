@@ -197,17 +197,17 @@ def test_a_configs_hint_compiles_its_own_module(monkeypatch):
 
 
 def test_tma_path_candidates_and_opt_in(monkeypatch):
-    """skinny_tma_kernel: sm_90a only, configs only above 16 rows, each with a ring of >= 2 stages that fits the
+    """skinny_tma_kernel: sm_90a only, configs only above 4 rows, each with a ring of >= 2 stages that fits the
     H100's shared memory, and timed by the tuner unless ROCJIT_SKINNY_TMA=0."""
     assert G.has_tma_path("sm_90a") and not G.has_tma_path("sm_90") and not G.has_tma_path("gfx942")
-    assert G.tma_candidates(16, 13312, 16384, 132, 1) == []
-    for M in (17, 32):
+    assert G.tma_candidates(4, 13312, 16384, 132, 1) == []
+    for M in (5, 8, 9, 16, 17, 32):
         cands = G.tma_candidates(M, 13312, 16384, 132, 1)
         assert cands and all(c["path"] == "tma" for c in cands)
         for c in cands:
             stages = G.tma_stages(M, c)
             rows = 64 * c["slabs"] * c["wg"]
-            assert stages >= 2 and 1024 + stages * (c["kb"] * 128 + 4) * (rows + 32) + 16 * stages <= 227 * 1024
+            assert stages >= 2 and 1024 + stages * (c["kb"] * 128 + 4) * (rows + G.tma_rows(M)) + 16 * stages <= 227 * 1024
             assert rows % G.TMA_BOX_ROWS == 0
     monkeypatch.delenv("ROCJIT_SKINNY_TMA", raising=False)
     assert G.tma_enabled()
@@ -232,12 +232,9 @@ def test_wgmma_path_candidates_and_opt_in(monkeypatch):
     assert G.wgmma_enabled()
 
 
-def test_wgmma_launch_names_grid_and_split_k(monkeypatch):
-    """launch_wgmma: the kernel for the activation rows' wgmma N, 64 * slabs rows per block, K steps of kb * 128
-    bytes split over grid.y (the reduce kernel after it when split), one warpgroup of 128 threads per wg."""
-    import torch
-    launched = []
-
+def _recording_call(launched: list):
+    """A stand-in for an op's Call that records each launch (kernel, grid, block, arguments) in `launched` and hands
+    constants and derived arguments back unevaluated."""
     class Call:
         def launch(self, k, grid, block, *args, **kw):
             launched.append((k, grid, block, args))
@@ -245,9 +242,20 @@ def test_wgmma_launch_names_grid_and_split_k(monkeypatch):
         def const(self, t):
             return t
 
+        def derive(self, fn, t):
+            return b"map"
+
         def bind_stream(self):
             pass
+    return Call
 
+
+def test_wgmma_launch_names_grid_and_split_k(monkeypatch):
+    """launch_wgmma: the kernel for the activation rows' wgmma N, 64 * slabs rows per block, K steps of kb * 128
+    bytes split over grid.y (the reduce kernel after it when split), one warpgroup of 128 threads per wg."""
+    import torch
+    launched = []
+    Call = _recording_call(launched)
     monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): name)
     monkeypatch.setattr(G, "_stream_workspace", lambda device, n: torch.empty(n))
     a = torch.empty(20, 16384, dtype=torch.float8_e4m3fn)
@@ -442,3 +450,33 @@ def test_tensor_map_functions_are_shared_per_geometry_and_remember_addresses(mon
         assert len(encoded) == 66 and encoded[-1] == 1 << 20
     finally:
         G.tensor_map_fn.cache_clear()
+
+
+def test_tma_split_k_launch(monkeypatch):
+    """launch_tma with cfg["splits"]: one block per (tile, split) and the split count as the kernel's last argument,
+    the splits' raw sums in the stream's workspace ([splits, M, N]) and skinny_splitk_reduce after it; without it, the
+    stream-K grid (at most one block per multiprocessor) and 0 there. tma_candidates offers splits only where the
+    (tile, split) blocks fit in one wave."""
+    import torch
+    launched = []
+    Call = _recording_call(launched)
+    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): name)
+    monkeypatch.setattr(G, "_stream_buffers", lambda device, tiles, n: (torch.zeros(4096, dtype=torch.int32),
+                                                                        torch.empty(n)))
+    a = torch.empty(32, 16384, dtype=torch.float8_e4m3fn)
+    w = torch.empty(2304, 16384, dtype=torch.float8_e4m3fn)
+    out = torch.empty(32, 2304, dtype=torch.bfloat16)
+    cfg = {"path": "tma", "slabs": 1, "wg": 1, "kb": 4}
+    G.launch_tma(a, w, out, None, None, 32, 2304, 16384, dict(cfg, splits=3), 132, Call())
+    (k, grid, block, args), (r, rgrid, rblock, rargs) = launched
+    assert k.startswith("skinny_tma_kernel<skinny::e4m3_t, __hip_bfloat16, 32, 1, 1, 4,")
+    assert grid == 36 * 3 and block == 256 and args[-1] == 3 and args[4].numel() == 3 * 32 * 2304
+    assert r == "skinny_splitk_reduce<__hip_bfloat16, skinny::ep_store>" and rargs[0] is args[4] and rargs[-2] == 3
+    launched.clear()
+    G.launch_tma(a, w, out, None, None, 32, 2304, 16384, cfg, 132, Call())
+    (k, grid, block, args), = launched
+    assert grid == 132 and args[-1] == 0
+    assert {c.get("splits") for c in G.tma_candidates(32, 2304, 16384, 132, 1)} >= {None, 2, 3}
+    assert all(-(-2304 // (64 * c["slabs"] * c["wg"])) * c["splits"] <= 132
+               for c in G.tma_candidates(32, 2304, 16384, 132, 1) if "splits" in c)
+    assert not any("splits" in c for c in G.tma_candidates(32, 13312, 16384, 132, 1))

@@ -186,7 +186,7 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 
 
 # (SLABS, WG, KB) of skinny_tma_kernel: 64 * SLABS * WG weight rows per tile, WG multiplying warpgroups, KB
-# 128-byte boxes of K per chunk. It is a tuner candidate above 16 activation rows (ROCJIT_SKINNY_TMA=0 leaves it
+# 128-byte boxes of K per chunk. It is a tuner candidate above 4 activation rows (ROCJIT_SKINNY_TMA=0 leaves it
 # out). What held it back was its epilogue, not its weight stream: TMA alone (no math) streams 13312 x 16384 at
 # 3.9 - 4.19 TB/s on an H200 (93 - 99% of copy) for every box shape, ring depth and block count tried, and the
 # kernel with its fix-up and epilogue left out ran 53.5 us at M = 32 (cuBLASLt: 54 - 60). Its epilogue loaded the
@@ -202,6 +202,13 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 # FP8 2304 x 16384 18.8 -> 16.9, 16384 x 6656 31.6 -> 31.0, 13312 x 16384 unchanged (61.6 / 62.1); configs of one
 # multiplying warpgroup gained 7 - 37% everywhere. The weights' copies carry an L2 evict-first policy (a config's
 # "hint" 3 or 4, the default; others none): FP8 13312 x 16384 61.3 -> 59.1 us, 2304 x 16384 17.2 -> 16.7.
+# With its activations by TMA it also serves 5 - 16 rows (boxes of 8 / 16): the tuner's timings (H200, graph replays,
+# weights rotated beyond L2) against the best other config: FP8 16384 x 6656 M = 8 27.4 against 28.2 us, M = 16 27.8
+# against 28.9; bf16 16384 x 6656 M = 16 54.1 against 55.2; slower at 13312 x 16384 (M = 8 / 16: 57.0 / 58.9 against
+# 55.8 / 56.8) and at M = 4, which it leaves to the other kernels. Split-K (tma_splits) where few tiles leave
+# multiprocessors idle: FP8 2304 x 16384 M = 32 16.4 against 16.8, M = 16 14.2 against 15.0 (cuBLASLt 15.5 - 15.6).
+# Finer rings lost: one box per stage, 8 - 12 stages, was 18 - 26% slower at M = 32 (FP8 16384 x 6656 35.4 against
+# 28.8 us, 13312 x 16384 69.6 against 60.3; bf16 16384 x 6656 72.4 against 57.2).
 _TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
 _TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
 TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip
@@ -236,8 +243,8 @@ def tma_enabled() -> bool:
 
 
 def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
-    """skinny_tma_kernel configs (see _TMA_SHAPES), for M > 16 (none below)."""
-    if M <= 16:
+    """skinny_tma_kernel configs (see _TMA_SHAPES), for M > 4 (none below)."""
+    if M <= 4:
         return []
     out = []
     for slabs, wg, kb in _TMA_SHAPES:
@@ -246,10 +253,20 @@ def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> lis
         cfg = {"path": "tma", "slabs": slabs, "wg": wg, "kb": kb}
         if tma_stages(M, cfg) >= 2:
             out.append(cfg)
-            blocks = whole_tile_grid(-(-N // (64 * slabs * wg)), sms)
+            tiles = -(-N // (64 * slabs * wg))
+            blocks = whole_tile_grid(tiles, sms)
             if blocks:
                 out.append(dict(cfg, blocks=blocks))
+            out += [dict(cfg, splits=s) for s in tma_splits(M, N, K, sms, elem_bytes, tiles, kb)]
     return out
+
+
+def tma_splits(M: int, N: int, K: int, sms: int, elem_bytes: int, tiles: int, kb: int) -> list[int]:
+    """Split-K counts of skinny_tma_kernel for products of few tiles (cuBLASLt runs FP8 2304 x 16384 at M = 32 as 36
+    tiles of 64 rows split 3 ways, then a reduction): one wave of (tile, split) blocks, at least two chunks per split,
+    and fp32 partials (splits * M * N * 8 bytes of traffic) of at most a tenth of the weight bytes."""
+    nk = -(-K * elem_bytes // (kb * 128))
+    return [s for s in (2, 3, 4, 6, 8) if tiles * s <= sms and 2 * s <= nk and s * M * N * 8 <= 0.1 * N * K * elem_bytes]
 
 
 def whole_tile_grid(tiles: int, sms: int) -> int | None:
@@ -513,26 +530,38 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
                ep: str = EP_STORE, residual=None, out_scale=None):
     """C = A W^T (* scales) with skinny_tma_kernel (sm_90a): the stream kernel's schedule and fix-up, the weights
     copied by TMA through a tensor map of w, multiplied by wgmma. The tensor map is a by-value launch argument
-    encoded for w's address: an eager plan makes it again for each call's w (Call.derive)."""
+    encoded for w's address: an eager plan makes it again for each call's w (Call.derive). cfg["splits"] >= 2: one
+    block per (tile, split), raw sums to the stream's workspace, skinny_splitk_reduce after it (no fix-up)."""
     nb = tma_rows(M)
     slabs, wg, kb = cfg["slabs"], cfg["wg"], cfg["kb"]
     stages = cfg.get("stages") or tma_stages(M, cfg)
     rows = 64 * slabs * wg
     kbytes = K * a.element_size()
     tiles = -(-N // rows)
-    chunks = tiles * -(-kbytes // (kb * 128))
-    grid = max(1, min(cfg.get("blocks") or sms, chunks))
-    # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
-    tickets, ws = _stream_buffers(a.device, tiles, grid * 2 * (wg * 128) * (slabs * nb // 2))
+    nk = -(-kbytes // (kb * 128))
+    splits = min(cfg.get("splits", 1), nk)
+    if splits > 1:
+        grid = tiles * splits
+        ws_floats = splits * M * N                    # each split's raw sums, [splits, M, N]
+    else:
+        grid = max(1, min(cfg.get("blocks") or sms, tiles * nk))
+        # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
+        ws_floats = grid * 2 * (wg * 128) * (slabs * nb // 2)
+    tickets, ws = _stream_buffers(a.device, tiles, ws_floats)
     tmap = call.derive(tensor_map_fn(kbytes, N, kbytes, TMA_BOX_ROWS), w)
     amap = call.derive(tensor_map_fn(kbytes, M, kbytes, nb), a)     # boxes of nb rows: rows past M read as zeros
     name = f"skinny_tma_kernel<{_elem_kind(a.dtype)}, {ctype(out.dtype)}, {nb}, {slabs}, {wg}, {kb}, {stages}, {ep}>"
     call.const(tickets)
     call.const(ws)
     call.bind_stream()
+    modes, ldo = scale_modes(M, N, scale_a, scale_w), out.shape[-1]
     call.launch(_kernel(SRC, name, hint_defines(cfg)), grid, (wg + 1) * 128, tmap, amap, a, out, ws, tickets, residual,
-                out_scale, scale_a, scale_w, scale_modes(M, N, scale_a, scale_w), M, N, K, out.shape[-1],
+                out_scale, scale_a, scale_w, modes, M, N, K, ldo, splits if splits > 1 else 0,
                 shared_mem=1024 + stages * tma_stage_bytes(M, cfg) + 16 * stages)
+    if splits > 1:
+        r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {ep}>")
+        call.launch(r, -(-(M * ldo) // 256), 256, ws, out, residual, out_scale, scale_a, scale_w, modes, M, N, splits,
+                    ldo)
     return out
 
 
