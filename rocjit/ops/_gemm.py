@@ -212,7 +212,9 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 # The stream-K fix-up's round trips (partials stored, fence, ticket, partials loaded) cost FP8 13312 x 16384 3.4 us
 # at M = 32 (60.2 against 56.8 with the fix-up skipped, wrong sums) and 4.3 at M = 16 (cuBLASLt 55.1 - 55.5). Tried
 # and not kept: polling the tile's ticket each chunk and copying the other block's partials into shared memory as
-# soon as they were out, so that the last block sums without a round trip -- bit-identical, and 1 - 12% slower.
+# soon as they were out, so that the last block sums without a round trip -- bit-identical, and 1 - 12% slower;
+# polled only two and three chunks before the segment's end, 1.3 - 1.5 us faster at M = 8 / 16 and bf16 M = 32,
+# equal at FP8 M = 32 (the other block is often not done by then), and still behind the mma.sync kernel at M = 8.
 _TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
 _TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
 TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip
