@@ -671,9 +671,30 @@ skinny_gemm_blockwise_kernel(const unsigned char* __restrict__ a, const unsigned
             }
 }
 
-// Output (m, col) = EP of (sum over splits s = 0, 1, ... of partial[s, m, n]) * scale_a[m] * scale_w[n]
-// (see scale_modes), one thread per output of the M x ldo result: the residual is added once, SwiGLU
-// sums its gate and up columns here.
+namespace skinny {
+// Output (m, col) = EP of (sum over slabs s = 0, 1, ..., slabs - 1 of partial[s, m, n]) * scale_a[m] * scale_w[n]
+// (see scale_modes): the residual is added once, SwiGLU sums its gate and up columns here.
+template <class OT, class EP>
+__device__ __forceinline__ void reduce_output(const float* __restrict__ partial, OT* out, const OT* residual,
+                                              const float* __restrict__ out_scale, const float* __restrict__ scale_a,
+                                              const float* __restrict__ scale_w, int scale_modes, int M, int N,
+                                              int ldo, int m, int col, int slabs) {
+    const auto p = make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);
+    const float* src = partial + (size_t)m * N;
+    if constexpr (EP::kind == 2) {
+        const int n = (col >> 3) * 16 + (col & 7);
+        float g = 0.f, u = 0.f;
+        for (int s = 0; s < slabs; ++s, src += (size_t)M * N) { g += src[n]; u += src[n + 8]; }
+        p.template put_swiglu<EP>(m, col, p.scaled(g, m, n), p.scaled(u, m, n + 8));
+    } else {
+        float v = 0.f;
+        for (int s = 0; s < slabs; ++s, src += (size_t)M * N) v += src[col];
+        p.template put<EP>(m, col, p.scaled(v, m, col));
+    }
+}
+}  // namespace skinny
+
+// Grid split-K's sums: one thread per output of the M x ldo result, partial [splits, M, N] (reduce_output).
 template <class OT, class EP>
 __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* out, const OT* residual,
                                      const float* __restrict__ out_scale, const float* __restrict__ scale_a,
@@ -682,19 +703,8 @@ __global__ void skinny_splitk_reduce(const float* __restrict__ partial, OT* out,
     rocjit::grid_dependency_sync();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M * ldo) return;
-    const int col = i % ldo, m = i / ldo;
-    const auto p = skinny::make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);
-    const float* src = partial + (size_t)m * N;
-    if constexpr (EP::kind == 2) {
-        const int n = (col >> 3) * 16 + (col & 7);
-        float g = 0.f, u = 0.f;
-        for (int s = 0; s < splits; ++s, src += (size_t)M * N) { g += src[n]; u += src[n + 8]; }
-        p.template put_swiglu<EP>(m, col, p.scaled(g, m, n), p.scaled(u, m, n + 8));
-    } else {
-        float v = 0.f;
-        for (int s = 0; s < splits; ++s, src += (size_t)M * N) v += src[col];
-        p.template put<EP>(m, col, p.scaled(v, m, col));
-    }
+    skinny::reduce_output<OT, EP>(partial, out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo, i / ldo,
+                                  i % ldo, splits);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -994,6 +1004,25 @@ SKINNY_WG(f16_t, 8, f16_n8) SKINNY_WG(f16_t, 16, f16_n16) SKINNY_WG(f16_t, 32, f
 // boxes of a group back to back, ran 86-88 us against 88-93 for one box of the tile's R rows per 128 bytes of K.
 #define SKINNY_TMA_BOX_ROWS 32
 
+// skinny_tma_kernel's stream-K sums without its fix-up (its splits < 0): slab j of partial [slabs, M, N] holds the
+// raw sums of the j-th of the blocks that share the tile (`rows` weight rows, nk chunks, `blocks` blocks in all) of
+// an output's column; they are added in block order, as the fix-up adds them, and the epilogue applied.
+template <class OT, class EP>
+__global__ void skinny_streamk_reduce(const float* __restrict__ partial, OT* out, const OT* residual,
+                                      const float* __restrict__ out_scale, const float* __restrict__ scale_a,
+                                      const float* __restrict__ scale_w, int scale_modes, int M, int N, int ldo,
+                                      int rows, int nk, int blocks) {
+    rocjit::grid_dependency_sync();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= M * ldo) return;
+    const int col = i % ldo;
+    const int n = EP::kind == 2 ? (col >> 3) * 16 + (col & 7) : col;
+    const long long t0 = (long long)(n / rows) * nk, total = (long long)((N + rows - 1) / rows) * nk;
+    const int slabs = skinny::range_owner(t0 + nk - 1, total, blocks) - skinny::range_owner(t0, total, blocks) + 1;
+    skinny::reduce_output<OT, EP>(partial, out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo, i / ldo,
+                                  col, slabs);
+}
+
 // NB activation rows in shared memory (8, 16 or 32; M <= NB); SLABS 64-row slabs per multiplying warpgroup;
 // WG multiplying warpgroups; KB 128-byte boxes of K per chunk; STAGES chunks in the ring.
 // Shared memory: 1024 bytes of alignment slack, STAGES x (KB x (R + NB) x 128 + (R + NB) x 4) bytes, 2 x STAGES
@@ -1040,7 +1069,9 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
     const long long total = (long long)tiles * nk;
     // splits == 0: stream-K over every chunk, tiles shared between blocks summed by the fix-up (tickets); splits >= 2:
     // block b owns split b % splits of tile b / splits (a range of whole chunks) and writes its raw sums to
-    // ws [splits, M, N], which skinny_splitk_reduce adds in split order and finishes with the epilogue (no tickets).
+    // ws [splits, M, N], which skinny_splitk_reduce adds in split order and finishes with the epilogue (no tickets);
+    // splits < 0: stream-K, each segment's raw sums to ws slab (block - the tile's first block), summed by
+    // skinny_streamk_reduce (no tickets, no fix-up round trips in the kernel).
     long long begin, end;
     if (splits > 0) {
         const long long t0 = (long long)(blockIdx.x / splits) * nk;
@@ -1177,8 +1208,9 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
         if (lane == 0) rocjit::mbar_arrive(&empty[s]);
 
         if (!seg_end) continue;                           // tile segment goes on
-        if (splits > 0) {                                 // this split's raw sums; the reduce kernel scales them
-            const int sp = blockIdx.x % splits;
+        if (splits != 0) {                                // this split's / segment's raw sums; a reduce kernel scales them
+            const int sp = splits > 0 ? (int)blockIdx.x % splits
+                                      : (int)blockIdx.x - range_owner((long long)tile * nk, total, gridDim.x);
 #pragma unroll
             for (int sl = 0; sl < SLABS; ++sl)
 #pragma unroll
@@ -1487,6 +1519,9 @@ skinny_wgmma_kernel(const typename E::storage* __restrict__ a, const typename E:
 // rocjit:check skinny_splitk_reduce<__hip_bfloat16, skinny::ep_residual>
 // rocjit:check skinny_splitk_reduce<unsigned char, skinny::ep_swiglu<rocjit::e4m3fn>>
 // rocjit:check skinny_splitk_reduce<__half, skinny::ep_swiglu<skinny::no_quant>>
+// rocjit:check skinny_streamk_reduce<__hip_bfloat16, skinny::ep_store>
+// rocjit:check skinny_streamk_reduce<__hip_bfloat16, skinny::ep_residual>
+// rocjit:check skinny_streamk_reduce<unsigned char, skinny::ep_swiglu<rocjit::e4m3fn>>
 // rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 1, 1, 4, 512, 6, 4, skinny::ep_store>
 // rocjit:check skinny_stream_kernel<skinny::e4m3_t, __hip_bfloat16, 2, 4, 4, 256, 5, 4, skinny::ep_store>
 // rocjit:check skinny_stream_kernel<skinny::bf16_t, __hip_bfloat16, 1, 2, 8, 256, 5, 4, skinny::ep_store>

@@ -480,3 +480,36 @@ def test_tma_split_k_launch(monkeypatch):
     assert all(-(-2304 // (64 * c["slabs"] * c["wg"])) * c["splits"] <= 132
                for c in G.tma_candidates(32, 2304, 16384, 132, 1) if "splits" in c)
     assert not any("splits" in c for c in G.tma_candidates(32, 13312, 16384, 132, 1))
+
+
+def test_tma_stream_k_with_the_reduce_kernel(monkeypatch):
+    """launch_tma with cfg["reduce"]: the stream-K grid, splits argument -1 (raw sums, no fix-up), a workspace of one
+    [M, N] slab for each of the most blocks that share a tile, then skinny_streamk_reduce with the tile geometry
+    and grid it needs to find each output's blocks. streamk_slabs agrees with counting owners chunk by chunk.
+    tma_candidates offers the twin wherever tiles are shared (not where every block owns whole tiles)."""
+    import torch
+    launched = []
+    Call = _recording_call(launched)
+    monkeypatch.setattr(G, "_kernel", lambda src, name, defines=(): name)
+    monkeypatch.setattr(G, "_stream_buffers", lambda device, tiles, n: (torch.zeros(4096, dtype=torch.int32),
+                                                                        torch.empty(n)))
+    for total, nk, blocks in ((18 * 64, 64, 132), (104 * 32, 32, 132), (9 * 33, 33, 132), (7, 7, 3), (40, 4, 7)):
+        owners = [((f + 1) * blocks - 1) // total for f in range(total)]
+        assert all(b * total // blocks <= f < (b + 1) * total // blocks for f, b in enumerate(owners))
+        want = max(len(set(owners[t:t + nk])) for t in range(0, total, nk))
+        assert G.streamk_slabs(total, nk, blocks) == want, (total, nk, blocks)
+    a = torch.empty(32, 16384, dtype=torch.bfloat16)
+    w = torch.empty(2304, 16384, dtype=torch.bfloat16)
+    out = torch.empty(32, 2304, dtype=torch.bfloat16)
+    G.launch_tma(a, w, out, None, None, 32, 2304, 16384, {"path": "tma", "slabs": 1, "wg": 2, "kb": 2, "reduce": 1},
+                 132, Call())
+    (k, grid, block, args), (r, rgrid, rblock, rargs) = launched
+    slabs = G.streamk_slabs(18 * 128, 128, 132)              # 18 tiles of 128 rows, 128 chunks of 256 bytes each
+    assert k.startswith("skinny_tma_kernel<skinny::bf16_t, __hip_bfloat16, 32, 1, 2, 2,") and grid == 132
+    assert args[-1] == -1 and args[4].numel() == slabs * 32 * 2304 and slabs == 8
+    assert r == "skinny_streamk_reduce<__hip_bfloat16, skinny::ep_store>" and rargs[0] is args[4]
+    assert rargs[-3:] == (128, 128, 132) and rgrid * rblock >= 32 * 2304
+    assert G.launches({"path": "tma", "reduce": 1}) == 2
+    cands = G.tma_candidates(32, 2304, 16384, 132, 2)
+    assert any(c.get("reduce") for c in cands)
+    assert not any(c.get("reduce") and (c.get("splits") or c.get("blocks")) for c in cands)

@@ -215,6 +215,12 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 # soon as they were out, so that the last block sums without a round trip -- bit-identical, and 1 - 12% slower;
 # polled only two and three chunks before the segment's end, 1.3 - 1.5 us faster at M = 8 / 16 and bf16 M = 32,
 # equal at FP8 M = 32 (the other block is often not done by then), and still behind the mma.sync kernel at M = 8.
+# Where many blocks share a tile the fix-up costs most (2304 x 16384: 7 - 9 blocks a tile): there the stream-K
+# schedule can instead write each block's raw sums and leave them to skinny_streamk_reduce (cfg "reduce"; the same
+# sums in the same order, bit-identical). H200, two warpgroups: bf16 2304 x 16384 M = 32 25.6 us against 28.7 with
+# the fix-up (26.6 the best fix-up config; torch.matmul 25.1), M = 16 23.2 against 26.9; FP8 M = 32 17.0 against
+# 20.1 (split-K 16.3 stays ahead); slower where tiles are shared by two blocks (FP8 13312 x 16384 M = 32 61.4
+# against 59.0).
 _TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
 _TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
 TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip
@@ -263,6 +269,8 @@ def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> lis
             blocks = whole_tile_grid(tiles, sms)
             if blocks:
                 out.append(dict(cfg, blocks=blocks))
+            if tiles % sms:                             # tiles shared between blocks: the fix-up or the reduce kernel
+                out.append(dict(cfg, reduce=1))
             out += [dict(cfg, splits=s) for s in tma_splits(M, N, K, sms, elem_bytes, tiles, kb)]
     return out
 
@@ -537,7 +545,8 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     """C = A W^T (* scales) with skinny_tma_kernel (sm_90a): the stream kernel's schedule and fix-up, the weights
     copied by TMA through a tensor map of w, multiplied by wgmma. The tensor map is a by-value launch argument
     encoded for w's address: an eager plan makes it again for each call's w (Call.derive). cfg["splits"] >= 2: one
-    block per (tile, split), raw sums to the stream's workspace, skinny_splitk_reduce after it (no fix-up)."""
+    block per (tile, split), raw sums to the stream's workspace, skinny_splitk_reduce after it (no fix-up).
+    cfg["reduce"]: stream-K with each block's raw sums in the workspace, skinny_streamk_reduce after it (no fix-up)."""
     nb = tma_rows(M)
     slabs, wg, kb = cfg["slabs"], cfg["wg"], cfg["kb"]
     stages = cfg.get("stages") or tma_stages(M, cfg)
@@ -546,13 +555,15 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     tiles = -(-N // rows)
     nk = -(-kbytes // (kb * 128))
     splits = min(cfg.get("splits", 1), nk)
+    reduce = splits <= 1 and bool(cfg.get("reduce"))
     if splits > 1:
         grid = tiles * splits
         ws_floats = splits * M * N                    # each split's raw sums, [splits, M, N]
     else:
         grid = max(1, min(cfg.get("blocks") or sms, tiles * nk))
-        # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads
-        ws_floats = grid * 2 * (wg * 128) * (slabs * nb // 2)
+        # the fix-up's two slots per block of slabs * nb / 2 floats for each of its wg * 128 multiplying threads;
+        # with the reduce kernel a slab of [M, N] raw sums for each of the most blocks a tile is shared by
+        ws_floats = streamk_slabs(tiles * nk, nk, grid) * M * N if reduce else grid * 2 * (wg * 128) * (slabs * nb // 2)
     tickets, ws = _stream_buffers(a.device, tiles, ws_floats)
     tmap = call.derive(tensor_map_fn(kbytes, N, kbytes, TMA_BOX_ROWS), w)
     amap = call.derive(tensor_map_fn(kbytes, M, kbytes, nb), a)     # boxes of nb rows: rows past M read as zeros
@@ -562,13 +573,25 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
     call.bind_stream()
     modes, ldo = scale_modes(M, N, scale_a, scale_w), out.shape[-1]
     call.launch(_kernel(SRC, name, hint_defines(cfg)), grid, (wg + 1) * 128, tmap, amap, a, out, ws, tickets, residual,
-                out_scale, scale_a, scale_w, modes, M, N, K, ldo, splits if splits > 1 else 0,
+                out_scale, scale_a, scale_w, modes, M, N, K, ldo, splits if splits > 1 else -1 if reduce else 0,
                 shared_mem=1024 + stages * tma_stage_bytes(M, cfg) + 16 * stages)
     if splits > 1:
         r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {ep}>")
         call.launch(r, -(-(M * ldo) // 256), 256, ws, out, residual, out_scale, scale_a, scale_w, modes, M, N, splits,
                     ldo)
+    elif reduce:
+        r = _kernel(SRC, f"skinny_streamk_reduce<{ctype(out.dtype)}, {ep}>")
+        call.launch(r, -(-(M * ldo) // 256), 256, ws, out, residual, out_scale, scale_a, scale_w, modes, M, N, ldo,
+                    rows, nk, grid)
     return out
+
+
+def streamk_slabs(total: int, nk: int, blocks: int) -> int:
+    """The most blocks that share one tile of nk chunks when `total` chunks are cut into `blocks` ranges as the
+    stream-K kernels cut them (block b: chunks b * total // blocks onwards): a tile's chunks t * nk .. t * nk + nk - 1
+    belong to blocks range_owner(first) .. range_owner(last), owner(f) = ((f + 1) * blocks - 1) // total."""
+    owner = lambda f: ((f + 1) * blocks - 1) // total        # noqa: E731
+    return max(owner(t + nk - 1) - owner(t) + 1 for t in range(0, total, nk))
 
 
 @functools.lru_cache(maxsize=256)
@@ -620,10 +643,10 @@ def tuned(op: str, *, bucket: str, dtype: str, device: str, candidates, default,
 
 
 def launches(cfg: dict) -> int:
-    """Kernel launches a config makes: grid split-K adds the reduce kernel. Between configs that time alike, the
+    """Kernel launches a config makes: grid split-K or a reduce kernel adds one. Between configs that time alike, the
     tuner takes the one with fewer: inside a model (H100, the seed's fused decode MLP, M = 1..16) a split-K
     gate/up GEMM timed as fast as one launch alone but cost its chain 1.5-3 us, the reduce kernel's boundary."""
-    return 2 if cfg.get("splits", 1) > 1 else 1
+    return 2 if cfg.get("splits", 1) > 1 or cfg.get("reduce") else 1
 
 
 @functools.lru_cache(maxsize=1)
