@@ -374,6 +374,22 @@ template <class EP, class OT, int MT, int NT>
 __device__ __forceinline__ void write_acc(const float (&acc)[MT][NT][kAcc], int row_base, const epilogue<OT>& p) {
     write_acc<EP>(acc, row_base, p, scales_here<OT>{p});
 }
+// The same accumulators' raw sums to `slab`, one [M, N] slab of a split-K / stream-K workspace: a reduce kernel
+// (skinny_splitk_reduce, skinny_streamk_reduce) adds the slabs and runs the epilogue.
+template <int MT, int NT>
+__device__ __forceinline__ void store_partial(const float (&acc)[MT][NT][kAcc], int row_base, float* slab, int M,
+                                              int N) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < kAcc; ++r) {
+                const int n = row_base + acc_wrow(t, r);
+                const int m = acc_arow(j, r);
+                if (n < N && m < M) slab[(size_t)m * N + n] = acc[t][j][r];
+            }
+}
 
 }  // namespace skinny
 
@@ -525,7 +541,7 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
     }
 
     if (partial) {
-#pragma unroll
+        #pragma unroll
         for (int t = 0; t < MT; ++t)
 #pragma unroll
             for (int j = 0; j < NT; ++j)
@@ -1073,11 +1089,11 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
     // splits < 0: stream-K, each segment's raw sums to ws slab (block - the tile's first block), summed by
     // skinny_streamk_reduce (no tickets, no fix-up round trips in the kernel).
     long long begin, end;
-    if (splits > 0) {
+    if (splits > 0) {                                     // split sp's share of its tile's nk chunks
         const long long t0 = (long long)(blockIdx.x / splits) * nk;
         const int sp = blockIdx.x % splits;
-        begin = t0 + (long long)sp * nk / splits;
-        end = t0 + (long long)(sp + 1) * nk / splits;
+        begin = t0 + range_start(sp, nk, splits);
+        end = t0 + range_start(sp + 1, nk, splits);
     } else {
         begin = range_start(blockIdx.x, total, gridDim.x);
         end = range_start(blockIdx.x + 1, total, gridDim.x);
@@ -1213,14 +1229,8 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
                                       : (int)blockIdx.x - range_owner((long long)tile * nk, total, gridDim.x);
 #pragma unroll
             for (int sl = 0; sl < SLABS; ++sl)
-#pragma unroll
-                for (int j = 0; j < NB / 8; ++j)
-#pragma unroll
-                    for (int r = 0; r < kAcc; ++r) {
-                        const int n = tile * kRows + (cg * SLABS + sl) * 64 + 16 * wq + acc_wrow(0, r);
-                        const int m = acc_arow(j, r);
-                        if (n < N && m < M) ws[((size_t)sp * M + m) * N + n] = acc[sl][kAcc * j + r];
-                    }
+                store_partial(reinterpret_cast<const float (&)[1][NB / 8][kAcc]>(acc[sl]),
+                              tile * kRows + (cg * SLABS + sl) * 64 + 16 * wq, ws + (size_t)sp * M * N, M, N);
         } else if (streamk_fixup<kVals, kConsumers, kFixupBatch>(reinterpret_cast<float (&)[kVals]>(acc), ct, ws,
                                                                   tickets, tile, nk, total)) {
 #pragma unroll
@@ -1480,14 +1490,8 @@ skinny_wgmma_kernel(const typename E::storage* __restrict__ a, const typename E:
     if (partial) {
 #pragma unroll
         for (int sl = 0; sl < SLABS; ++sl)
-#pragma unroll
-            for (int j = 0; j < NB / 8; ++j)
-#pragma unroll
-                for (int r = 0; r < kAcc; ++r) {
-                    const int n = row0 + 64 * sl + 16 * wq + acc_wrow(0, r);
-                    const int m = acc_arow(j, r);
-                    if (n < N && m < M) partial[((size_t)blockIdx.y * M + m) * N + n] = acc[sl][kAcc * j + r];
-                }
+            store_partial(reinterpret_cast<const float (&)[1][NB / 8][kAcc]>(acc[sl]), row0 + 64 * sl + 16 * wq,
+                          partial + (size_t)blockIdx.y * M * N, M, N);
         return;
     }
     const auto ep = make_epilogue<EP>(out, residual, out_scale, scale_a, scale_w, scale_modes, M, N, ldo);

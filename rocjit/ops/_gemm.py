@@ -398,10 +398,17 @@ def _launch_split_k(k, grid, block, a, w, out, scale_a, scale_w, M, N, K, per_sp
     call.bind_stream()
     call.launch(k, grid, block, a, w, out, partial, residual, out_scale, scale_a, scale_w, modes, M, N, K,
                 per_split, ldo)
-    r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {ep}>")
-    call.launch(r, -(-(M * ldo) // 256), 256, partial, out, residual, out_scale, scale_a, scale_w, modes, M, N,
-                splits, ldo)
+    _launch_reduce(call, "skinny_splitk_reduce", ep, partial, out, residual, out_scale, scale_a, scale_w, modes, M, N,
+                   splits, ldo)
     return out
+
+
+def _launch_reduce(call, kernel: str, ep: str, partial, out, residual, out_scale, scale_a, scale_w, modes: int, M: int,
+                   N: int, *tail):
+    """A reduce kernel of skinny_gemm.hip (skinny_splitk_reduce, skinny_streamk_reduce: the partials' slabs summed,
+    then the epilogue `ep`), one thread per output of out's M x ldo result; tail: its arguments after N."""
+    call.launch(_kernel(SRC, f"{kernel}<{ctype(out.dtype)}, {ep}>"), -(-(M * out.shape[-1]) // 256), 256, partial, out,
+                residual, out_scale, scale_a, scale_w, modes, M, N, *tail)
 
 
 def launch_wgmma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, call=UNRECORDED, *,
@@ -538,8 +545,7 @@ def launch_mma_blockwise(a, w, out, sa, sw, M: int, N: int, K: int, cfg: dict, t
     partial = call.const(_stream_workspace(a.device, splits * M * N))
     call.bind_stream()
     call.launch(k, grid, wk * wave, a, w, out, partial, *scales)
-    r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {EP_STORE}>")
-    call.launch(r, -(-(M * ldo) // 256), 256, partial, out, None, None, None, None, 0, M, N, splits, ldo)
+    _launch_reduce(call, "skinny_splitk_reduce", EP_STORE, partial, out, None, None, None, None, 0, M, N, splits, ldo)
     return out
 
 
@@ -579,13 +585,11 @@ def launch_tma(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, s
                 out_scale, scale_a, scale_w, modes, M, N, K, ldo, splits if splits > 1 else -1 if reduce else 0,
                 shared_mem=1024 + stages * tma_stage_bytes(M, cfg) + 16 * stages)
     if splits > 1:
-        r = _kernel(SRC, f"skinny_splitk_reduce<{ctype(out.dtype)}, {ep}>")
-        call.launch(r, -(-(M * ldo) // 256), 256, ws, out, residual, out_scale, scale_a, scale_w, modes, M, N, splits,
-                    ldo)
+        _launch_reduce(call, "skinny_splitk_reduce", ep, ws, out, residual, out_scale, scale_a, scale_w, modes, M, N,
+                       splits, ldo)
     elif reduce:
-        r = _kernel(SRC, f"skinny_streamk_reduce<{ctype(out.dtype)}, {ep}>")
-        call.launch(r, -(-(M * ldo) // 256), 256, ws, out, residual, out_scale, scale_a, scale_w, modes, M, N, ldo,
-                    rows, nk, grid)
+        _launch_reduce(call, "skinny_streamk_reduce", ep, ws, out, residual, out_scale, scale_a, scale_w, modes, M, N,
+                       ldo, rows, nk, grid)
     return out
 
 
