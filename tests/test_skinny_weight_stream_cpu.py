@@ -197,11 +197,11 @@ def test_a_configs_hint_compiles_its_own_module(monkeypatch):
 
 
 def test_tma_path_candidates_and_opt_in(monkeypatch):
-    """skinny_tma_kernel: sm_90a only, configs only above 16 rows, each with a ring of >= 2 stages that fits the
+    """skinny_tma_kernel: sm_90a only, configs only above 4 rows, each with a ring of >= 2 stages that fits the
     H100's shared memory, and timed by the tuner unless ROCJIT_SKINNY_TMA=0."""
     assert G.has_tma_path("sm_90a") and not G.has_tma_path("sm_90") and not G.has_tma_path("gfx942")
-    assert G.tma_candidates(16, 13312, 16384, 132, 1) == []
-    for M in (17, 32):
+    assert G.tma_candidates(4, 13312, 16384, 132, 1) == []
+    for M in (5, 8, 9, 16, 17, 32):
         cands = G.tma_candidates(M, 13312, 16384, 132, 1)
         assert cands and all(c["path"] == "tma" for c in cands)
         for c in cands:

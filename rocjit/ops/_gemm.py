@@ -186,7 +186,7 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 
 
 # (SLABS, WG, KB) of skinny_tma_kernel: 64 * SLABS * WG weight rows per tile, WG multiplying warpgroups, KB
-# 128-byte boxes of K per chunk. It is a tuner candidate above 16 activation rows (ROCJIT_SKINNY_TMA=0 leaves it
+# 128-byte boxes of K per chunk. It is a tuner candidate above 4 activation rows (ROCJIT_SKINNY_TMA=0 leaves it
 # out). What held it back was its epilogue, not its weight stream: TMA alone (no math) streams 13312 x 16384 at
 # 3.9 - 4.19 TB/s on an H200 (93 - 99% of copy) for every box shape, ring depth and block count tried, and the
 # kernel with its fix-up and epilogue left out ran 53.5 us at M = 32 (cuBLASLt: 54 - 60). Its epilogue loaded the
@@ -202,13 +202,13 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 # FP8 2304 x 16384 18.8 -> 16.9, 16384 x 6656 31.6 -> 31.0, 13312 x 16384 unchanged (61.6 / 62.1); configs of one
 # multiplying warpgroup gained 7 - 37% everywhere. The weights' copies carry an L2 evict-first policy (a config's
 # "hint" 3 or 4, the default; others none): FP8 13312 x 16384 61.3 -> 59.1 us, 2304 x 16384 17.2 -> 16.7.
-# With its activations by TMA it is also faster alone at 8 - 16 rows (boxes of 8 / 16; the tuner's timings, H200,
-# graph replays, weights rotated beyond L2, against the best other config): FP8 16384 x 6656 M = 8 27.4 against 28.2
-# us, M = 16 27.8 against 28.9; bf16 M = 16 54.1 against 55.2. It is not offered there: in the seed's fused decode MLP
-# (skinny_gemm_swiglu on skinny_gemm_kernel, then skinny_gemm_residual on this kernel, graph replays) the chain took
-# 128.4 us at M = 8 and 126.2 at M = 16 against 87.1 / 89.4 with both on skinny_gemm_kernel, where the two GEMMs
-# alone sum to 84 - 86; with both on this kernel (M = 32) it is 88.7. Why the hand-over from skinny_gemm_kernel to
-# this kernel costs ~40 us is not found yet. Split-K (tma_splits) where few tiles leave multiprocessors idle: FP8
+# With its activations by TMA it also serves 5 - 16 rows (boxes of 8 / 16; the tuner's timings, H200, graph replays,
+# weights rotated beyond L2, against the best other config): FP8 16384 x 6656 M = 8 27.4 against 28.2 us, M = 16 27.8
+# against 28.9; bf16 M = 16 54.1 against 55.2. There it lets the next kernel in only at exit: with the early trigger
+# it keeps at 32 rows, the seed's fused MLP chain (rms_norm, gate/up on skinny_gemm_kernel, down on this kernel) took
+# 133.6 / 128.5 us at M = 8 / 16 against 92.6 / 94.6 with the down projection on skinny_gemm_kernel (the gate/up
+# blocks let in early were packed onto the SMs that emptied first; see the kernel), and 88.8 / 90.6 with the trigger
+# at exit (H200, one loan). Split-K (tma_splits) where few tiles leave multiprocessors idle: FP8
 # 2304 x 16384 M = 32 16.4 against 16.8 (cuBLASLt 15.5 - 15.6).
 # Finer rings lost: one box per stage, 8 - 12 stages, was 18 - 26% slower at M = 32 (FP8 16384 x 6656 35.4 against
 # 28.8 us, 13312 x 16384 69.6 against 60.3; bf16 16384 x 6656 72.4 against 57.2).
@@ -258,8 +258,8 @@ def tma_enabled() -> bool:
 
 
 def tma_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> list[dict]:
-    """skinny_tma_kernel configs (see _TMA_SHAPES), for M > 16 (none below)."""
-    if M <= 16:
+    """skinny_tma_kernel configs (see _TMA_SHAPES), for M > 4 (none below)."""
+    if M <= 4:
         return []
     out = []
     for slabs, wg, kb in _TMA_SHAPES:
