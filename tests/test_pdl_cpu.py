@@ -155,3 +155,21 @@ def test_the_native_pdl_launch_fills_cuda_s_launch_config():
     assert err == 7      # the driver's answer comes back unchanged
     assert seen == {"grid": (3, 2, 1), "block": (128, 1, 1), "shared": 4096, "stream": 0x2000, "n": 1,
                     "f": 0x1000, "params": 0x3000, "extra": None, "attr": (6, 1)}
+
+
+def test_the_tma_skinny_kernel_lets_the_next_kernel_in_early_only_with_32_rows():
+    """skinny_tma_kernel's copy warp lets the next kernel in once its last copy is issued only with 32 activation
+    rows; with 8 or 16 the block does so only as it ends (a grid of many small blocks let in early lands on the SMs
+    in the order this kernel's whole-SM blocks leave them: see the kernel). In PTX: two launch_dependents (the copy
+    warp's, the end's) against one."""
+    if not _nvrtc():
+        pytest.skip("cuda-bindings (NVRTC) not installed")
+    mod = Module("skinny_gemm.hip")
+    names = [n for n in check.name_expressions(mod.source) if n.startswith("skinny_tma_kernel<")]
+    rows = {n: int(n.split(",")[2]) for n in names}
+    assert set(rows.values()) == {8, 16, 32}
+    co = mod.compile("compute_90a", tuple(names))
+    entries = _entries(co.binary.decode())
+    for n, nb in rows.items():
+        body = entries[co.lowered[n]]
+        assert body.count("griddepcontrol.launch_dependents") == (2 if nb == 32 else 1), n
