@@ -541,7 +541,7 @@ skinny_gemm_kernel(const typename E::storage* __restrict__ a, const typename E::
     }
 
     if (partial) {
-        #pragma unroll
+#pragma unroll
         for (int t = 0; t < MT; ++t)
 #pragma unroll
             for (int j = 0; j < NT; ++j)

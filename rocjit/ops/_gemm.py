@@ -221,9 +221,9 @@ def stream_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int = 2) -> 
 # Where many blocks share a tile the fix-up costs most (2304 x 16384: 7 - 9 blocks a tile): there the stream-K
 # schedule can instead write each block's raw sums and leave them to skinny_streamk_reduce (cfg "reduce"; the same
 # sums in the same order, bit-identical). H200, two warpgroups: bf16 2304 x 16384 M = 32 25.6 us against 28.7 with
-# the fix-up (26.6 the best fix-up config; torch.matmul 25.1; at M = 16, where the kernel is not offered, 23.2
-# against 26.9); FP8 M = 32 17.0 against 20.1 (split-K 16.3 stays ahead); slower where tiles are shared by two
-# blocks (FP8 13312 x 16384 M = 32 61.4 against 59.0).
+# the fix-up (26.6 the best fix-up config; torch.matmul 25.1; at M = 16 23.2 against 26.9); FP8 M = 32 17.0 against
+# 20.1 (split-K 16.3 stays ahead); slower where tiles are shared by two blocks (FP8 13312 x 16384 M = 32 61.4 against
+# 59.0).
 _TMA_SHAPES = ((1, 1, 4), (1, 2, 4), (1, 1, 8), (1, 2, 2))
 _TMA_SMEM = 227 * 1024 - 1024 - 128          # opt-in shared memory, less the alignment slack and the barriers
 TMA_BOX_ROWS = 32                            # SKINNY_TMA_BOX_ROWS in skinny_gemm.hip
