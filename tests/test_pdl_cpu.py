@@ -173,3 +173,20 @@ def test_the_tma_skinny_kernel_lets_the_next_kernel_in_early_only_with_32_rows()
     for n, nb in rows.items():
         body = entries[co.lowered[n]]
         assert body.count("griddepcontrol.launch_dependents") == (2 if nb == 32 else 1), n
+
+
+def test_the_stream_skinny_kernel_lets_the_next_kernel_in_early_only_above_16_rows():
+    """skinny_stream_kernel's producer warps, like skinny_tma_kernel's copy warp, let the next kernel in once their
+    last copy is issued only above 16 activation rows (more than two tiles of 8); otherwise the block does so only as
+    it ends. In PTX: two launch_dependents against one."""
+    if not _nvrtc():
+        pytest.skip("cuda-bindings (NVRTC) not installed")
+    mod = Module("skinny_gemm.hip")
+    names = [n for n in check.name_expressions(mod.source) if n.startswith("skinny_stream_kernel<")]
+    tiles = {n: int(n.split(",")[3]) for n in names}       # NT: activation tiles of 8 rows
+    assert {t > 2 for t in tiles.values()} == {True, False}
+    co = mod.compile("compute_90a", tuple(names))
+    entries = _entries(co.binary.decode())
+    for n, nt in tiles.items():
+        body = entries[co.lowered[n]]
+        assert body.count("griddepcontrol.launch_dependents") == (2 if nt > 2 else 1), n
