@@ -391,6 +391,20 @@ __device__ __forceinline__ void store_partial(const float (&acc)[MT][NT][kAcc], 
             }
 }
 
+// The copy side of a kernel whose blocks hold a whole SM (skinny_stream_kernel, skinny_tma_kernel), ROWS the
+// activation rows its build holds: once every copy is issued it lets the next kernel in early only above 16 rows;
+// with fewer, only the block's end does (its own launch_dependents). A grid of many small blocks let in while these
+// blocks drain is placed on the SMs in the order they empty, each filled to its limit. H200, graph replays, weights
+// rotated: the seed's fused MLP chain (rms_norm, gate/up on skinny_gemm_kernel, down on skinny_tma_kernel) took
+// 133.6 / 128.5 us at M = 8 / 16 with the early trigger, 88.8 / 90.6 without; the down projection on
+// skinny_stream_kernel's configs at M = 16 117.4 - 158.2 against 108.0 - 118.4 (alone 4 us slower without it). At 32
+// rows the seed's neighbours are skinny_tma_kernel too, whose one-block-per-SM grid fills evenly in any order: its
+// gate/up then down pair 87.4 us with the early trigger, 90.1 without.
+template <int ROWS>
+__device__ __forceinline__ void copies_issued_launch_dependents() {
+    if constexpr (ROWS > 16) rocjit::launch_dependents();
+}
+
 }  // namespace skinny
 
 // E: element kind; OT: output type; MT: 16-row weight tiles per warp; NT: activation tiles
@@ -927,14 +941,7 @@ skinny_stream_kernel(const typename E::storage* __restrict__ a, const typename E
             }
             rocjit::cp_async_arrive(&full[s]);
         }
-        // As skinny_tma_kernel's copy warp: the next kernel is let in here, once every copy is issued, only above 16
-        // activation rows; with fewer, only as the block ends. Its blocks hold a whole SM, and a grid of many small
-        // blocks let in while they drain is packed onto the SMs in the order they empty. H200, FP8 16384 x 6656 down
-        // projection (residual epilogue) on this kernel after rms_norm and skinny_gemm_kernel's SwiGLU gate/up,
-        // graph replays: M = 16 chain 117.4 - 158.2 us with the trigger here, 108.0 - 118.4 at the end (this GEMM
-        // alone 43.4 - 53.2 -> 48.6 - 57.8); M = 8 (gate/up on skinny_tma_kernel) 103.9 - 112.5 -> 105.5 - 114.6;
-        // M = 32 equal (117.0 - 128.1 both ways; alone 4 us faster with it here).
-        if constexpr (NT > 2) rocjit::launch_dependents();
+        copies_issued_launch_dependents<kARows>();
         return;
     }
 
@@ -1154,15 +1161,7 @@ skinny_tma_kernel(ROCJIT_GRID_CONSTANT const rocjit::tensor_map wmap, ROCJIT_GRI
             }
             rocjit::cp_async_arrive(&full[s]);
         }
-        // 32 rows: the next kernel may take the SMs this block leaves while the others finish (H200, the seed's
-        // gate/up then down GEMMs on this kernel at M = 32, graph replays: 87.4 us, 90.1 with the trigger at exit).
-        // Fewer rows: not before exit. This kernel's blocks hold a whole SM, so a grid of many small blocks let in
-        // early is placed on the SMs in the order they empty, each filled to its limit: skinny_gemm_kernel's 416 -
-        // 832 gate/up blocks, after this kernel's down projection (directly, or behind rms_norm, which lets its
-        // dependents in at its start), ran on a fraction of the SMs. The seed's fused MLP chain (rms_norm, gate/up,
-        // down) took 133.6 / 128.5 us at M = 8 / 16 with the trigger here, 88.8 / 90.6 with it at exit, and 92.6 /
-        // 94.6 with the down projection on skinny_gemm_kernel.
-        if constexpr (NB == 32) rocjit::launch_dependents();
+        copies_issued_launch_dependents<NB>();
         return;
     }
 

@@ -157,36 +157,25 @@ def test_the_native_pdl_launch_fills_cuda_s_launch_config():
                     "f": 0x1000, "params": 0x3000, "extra": None, "attr": (6, 1)}
 
 
-def test_the_tma_skinny_kernel_lets_the_next_kernel_in_early_only_with_32_rows():
-    """skinny_tma_kernel's copy warp lets the next kernel in once its last copy is issued only with 32 activation
-    rows; with 8 or 16 the block does so only as it ends (a grid of many small blocks let in early lands on the SMs
-    in the order this kernel's whole-SM blocks leave them: see the kernel). In PTX: two launch_dependents (the copy
-    warp's, the end's) against one."""
+@pytest.mark.parametrize("kernel, rows_of, builds", [
+    ("skinny_tma_kernel", lambda args: int(args[2]), {8, 16, 32}),     # NB: activation rows
+    ("skinny_stream_kernel", lambda args: 8 * int(args[3]), None),     # NT: activation tiles of 8 rows
+])
+def test_whole_sm_skinny_kernels_let_the_next_kernel_in_early_only_above_16_rows(kernel, rows_of, builds):
+    """The kernels whose blocks hold a whole SM let the next kernel in once their copies are issued only above 16
+    activation rows (copies_issued_launch_dependents); otherwise the block does so only as it ends (a grid of many
+    small blocks let in early lands on the SMs in the order these blocks leave them). In PTX: two launch_dependents
+    (the copy side's, the end's) against one."""
     if not _nvrtc():
         pytest.skip("cuda-bindings (NVRTC) not installed")
     mod = Module("skinny_gemm.hip")
-    names = [n for n in check.name_expressions(mod.source) if n.startswith("skinny_tma_kernel<")]
-    rows = {n: int(n.split(",")[2]) for n in names}
-    assert set(rows.values()) == {8, 16, 32}
+    names = [n for n in check.name_expressions(mod.source) if n.startswith(kernel + "<")]
+    rows = {n: rows_of(n.split(",")) for n in names}
+    assert {r > 16 for r in rows.values()} == {True, False}
+    if builds is not None:
+        assert set(rows.values()) == builds
     co = mod.compile("compute_90a", tuple(names))
     entries = _entries(co.binary.decode())
-    for n, nb in rows.items():
+    for n, r in rows.items():
         body = entries[co.lowered[n]]
-        assert body.count("griddepcontrol.launch_dependents") == (2 if nb == 32 else 1), n
-
-
-def test_the_stream_skinny_kernel_lets_the_next_kernel_in_early_only_above_16_rows():
-    """skinny_stream_kernel's producer warps, like skinny_tma_kernel's copy warp, let the next kernel in once their
-    last copy is issued only above 16 activation rows (more than two tiles of 8); otherwise the block does so only as
-    it ends. In PTX: two launch_dependents against one."""
-    if not _nvrtc():
-        pytest.skip("cuda-bindings (NVRTC) not installed")
-    mod = Module("skinny_gemm.hip")
-    names = [n for n in check.name_expressions(mod.source) if n.startswith("skinny_stream_kernel<")]
-    tiles = {n: int(n.split(",")[3]) for n in names}       # NT: activation tiles of 8 rows
-    assert {t > 2 for t in tiles.values()} == {True, False}
-    co = mod.compile("compute_90a", tuple(names))
-    entries = _entries(co.binary.decode())
-    for n, nt in tiles.items():
-        body = entries[co.lowered[n]]
-        assert body.count("griddepcontrol.launch_dependents") == (2 if nt > 2 else 1), n
+        assert body.count("griddepcontrol.launch_dependents") == (2 if r > 16 else 1), n
