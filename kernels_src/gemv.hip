@@ -13,8 +13,14 @@
 //   i4             two per byte, low nibble first (k even in bits 0-3); group-wise scale and
 //                  zero point, G in {32, 64, 128}: W[n, k] = (q - zero[n, k/G]) * scale[n, k/G]
 //   e4m3 / e4m3fnuz  W = q * scale_w[0 or n] * scale_a[0] (per-tensor or per-channel)
+//
+// Programmatic dependent launch (sm_90+): a block asks L2 for its rows' first weights, then waits for the kernel
+// ahead before its first load; the next kernel is let in once the weights are read (rocjit/stream.h).
+// rocjit:pdl
 #include <hip/hip_runtime.h>
 #include "rocjit/types.h"   // __half / __hip_bfloat16 on every compiler (hipRTC included)
+#include "rocjit/stream.h"  // programmatic dependent launch, coherent activation loads
+#include "rocjit/epilogue.h"  // skinny_gemm's epilogues (its fused ops run this kernel too)
 
 #if defined(__AMDGCN__)
 #define GEMV_WAVE 64
@@ -48,6 +54,30 @@ template <bool FNUZ>
 __device__ __forceinline__ float fp8_to_float(unsigned b) {
     unsigned short bits = (unsigned short)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7));
     return __half2float(*reinterpret_cast<const __half*>(&bits)) * (FNUZ ? 128.f : 256.f);
+}
+// A 16-byte chunk of e4m3 values -> 16 floats, byte i -> f[i]. NVIDIA sm_89+ (OCP e4m3fn only) converts two at a
+// time in hardware (cvt.rn.f16x2.e4m3x2, exact): 8 conversions and 16 widenings instead of five integer and float
+// instructions per value, which left the FP8 GEMV issue-bound below the weights' streaming rate.
+template <bool FNUZ>
+__device__ __forceinline__ void fp8x16_to_float(uint4 v, float (&f)[16]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (!FNUZ) {
+        const unsigned r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned lo, hi;
+            asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+                : "=r"(lo), "=r"(hi) : "r"(r[i]));
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+            f[4 * i] = a.x; f[4 * i + 1] = a.y; f[4 * i + 2] = b.x; f[4 * i + 3] = b.y;
+        }
+        return;
+    }
+#endif
+    const unsigned r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) f[i] = fp8_to_float<FNUZ>((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
 }
 
 // Signed int8 / unsigned int4 -> float through the 2^23 magic number (integer ops + one FADD).
@@ -95,9 +125,7 @@ __device__ __forceinline__ unsigned byte_of(uint4 v, int i) { return (word_of(v,
 
 template <bool FNUZ, int E>
 __device__ __forceinline__ void load_x_fp8(const unsigned char* p, float (&xf)[E]) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) xf[i] = fp8_to_float<FNUZ>(byte_of(v, i));
+    fp8x16_to_float<FNUZ>(*reinterpret_cast<const uint4*>(p), xf);
 }
 
 template <class XT, class WK> struct x_loader {
@@ -147,16 +175,10 @@ __device__ __forceinline__ void dequant_i4_in_place(uint4 v, float (&wf)[E], uns
     for (int i = 0; i < E; ++i) wf[i] = u4_in_place(word_of(v, i / 8), i % 8, magic);
 }
 template <int E> struct dequant<w_e4m3, E> {
-    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<false>(byte_of(v, i));
-    }
+    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) { fp8x16_to_float<false>(v, wf); }
 };
 template <int E> struct dequant<w_e4m3fnuz, E> {
-    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) wf[i] = fp8_to_float<true>(byte_of(v, i));
-    }
+    __device__ static void run(uint4 v, float (&wf)[E], unsigned, float) { fp8x16_to_float<true>(v, wf); }
 };
 
 template <class WK> struct is_i4 { static constexpr bool value = false; };
@@ -182,14 +204,24 @@ __device__ __forceinline__ float prescale_i4(float (&xf)[E]) {
 // MB >= B batch rows, UNROLL 16-byte loads per row in flight per thread.
 // w_scale: int8 [N]; int4 [N, K/G] (+ w_zero [N, K/G]); fp8 [1] or [N] (scale_modes bit 0).
 // scale_a: fp8 activations' scale, per tensor [1] or per row [B] (scale_modes bit 1), or nullptr.
-template <class XT, class WK, class ST, class OT, int P, int ROWS, int MB, int UNROLL, int RT>
+// EP (rocjit/epilogue.h): skinny::ep_store (out [B, ldo = N]), skinny::ep_residual (out = residual + value, out may
+// be residual itself) or skinny::ep_swiglu<Q> (W's rows interleaved by prepare_gate_up, 8 gate then 8 up rows per
+// 16; out [B, ldo = I] = silu(g) * u, FP8 with 1 / out_scale when Q is an FP8 tag); skinny_gemm and its fused ops
+// run this kernel where it streams the weights faster than the matrix-core kernels (M = 1, 2).
+// x is the kernel ahead's output (programmatic dependent launch): not __restrict__, so that its loads stay plain
+// coherent ones (LDG.E.128), never the read-only path, which may be scheduled above the grid-dependency wait; plain
+// loads the compiler still issues early, with the step's weights (as volatile asm, rocjit::load16_dep, they were
+// issued one by one where used: bf16 2304 x 16384 at M = 2 41.9 against 25.5 us).
+template <class XT, class WK, class ST, class OT, int P, int ROWS, int MB, int UNROLL, int RT, class EP>
 __launch_bounds__(P * ROWS, 1) __global__ void
-gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x, OT* __restrict__ out,
+gemv_kernel(const typename WK::storage* __restrict__ w, const XT* x, OT* out,
             const ST* __restrict__ w_scale, const ST* __restrict__ w_zero, int group_size, int scale_modes,
-            const float* __restrict__ scale_a, int N, int K, int B) {
+            const float* __restrict__ scale_a, int N, int K, int B, const OT* residual, const float* out_scale,
+            int ldo) {
     using namespace gemv;
     constexpr int E = WK::per16;
     constexpr bool I4 = is_i4<WK>::value;
+    static_assert(EP::kind != 2 || (ROWS * RT) % 16 == 0, "SwiGLU: a block holds whole 16-row gate / up groups");
     const int team = threadIdx.x / P, lp = threadIdx.x % P;
     const int n0 = (blockIdx.x * ROWS + team) * RT;        // this team's rows: n0 .. n0 + RT - 1
     const size_t row_len = I4 ? K / 2 : K;                 // storage elements per row
@@ -201,7 +233,12 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
         const int n = n0 + r < N ? n0 + r : 0;
         wrow[r] = reinterpret_cast<const uint4*>(w + (size_t)n * row_len);
         goff[r] = I4 ? n * (K / group_size) : 0;
+        if (lp < nchunks) rocjit::prefetch_l2_early(wrow[r] + lp);   // programmatic launch: see the wait below
     }
+    // Every load and store below may touch what the kernel ahead writes (activations, their scales, the residual,
+    // and the weights themselves where that kernel made them): under programmatic dependent launch this grid may
+    // start before that kernel ends, so it waits here; the weights' first lines were asked of L2 above.
+    rocjit::grid_dependency_wait();
     // int4: chunk c lies in group c >> gshift (group_size is E << gshift, a power of two)
     const int gshift = I4 ? 31 - __clz(group_size / E) : 0;
     const unsigned magic = 0x4B000000u;   // int4: 2^23, see u4_in_place
@@ -257,25 +294,28 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
                     acc[r][0] = I4 ? fmaf(gscale[r], fmaf(-zero[r], xsum, d), acc[r][0]) : acc[r][0] + d;
                 }
             } else {
-                // several batch rows: each row's weights dequantized once (int4: k - zero exactly)
+                // several batch rows: the RT rows' weights dequantized once (int4: k - zero exactly), then each
+                // batch row's activation chunk loaded and converted once for all of them
+                float wf[RT][E];
 #pragma unroll
-                for (int r = 0; r < RT; ++r) {
-                    float wf[E];
-                    dequant<WK, E>::run(wv[u][r], wf, magic, zero[r]);
+                for (int r = 0; r < RT; ++r) dequant<WK, E>::run(wv[u][r], wf[r], magic, zero[r]);
 #pragma unroll
-                    for (int b = 0; b < MB; ++b) {
-                        if (b >= B) continue;
-                        float xf[E];
-                        x_loader<XT, WK>::template load<E>(x + (size_t)b * K + (size_t)c * E, xf);
+                for (int b = 0; b < MB; ++b) {
+                    if (b >= B) continue;
+                    float xf[E];
+                    x_loader<XT, WK>::template load<E>(x + (size_t)b * K + (size_t)c * E, xf);
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
                         float d = 0.f;
 #pragma unroll
-                        for (int i = 0; i < E; ++i) d = fmaf(wf[i], xf[i], d);
+                        for (int i = 0; i < E; ++i) d = fmaf(wf[r][i], xf[i], d);
                         acc[r][b] = I4 ? fmaf(gscale[r], d, acc[r][b]) : acc[r][b] + d;
                     }
                 }
             }
         }
     }
+    rocjit::launch_dependents();   // the weights are read: the next kernel may be scheduled
 
     // Team reduction: xor butterfly inside the P lanes (fixed order, every lane ends with the sum).
 #pragma unroll
@@ -285,26 +325,57 @@ gemv_kernel(const typename WK::storage* __restrict__ w, const XT* __restrict__ x
 #pragma unroll
             for (int off = P / 2; off > 0; off >>= 1) acc[r][b] += __shfl_xor(acc[r][b], off, P);
 
-    if (lp != 0) return;
+    // the finished value of (b, n): the dot product times the fp8 / int8 scales (int4's are in the sums)
+    auto value = [&](int r, int b, int n) {
+        float s = 1.f;
+        if (!I4 && w_scale) s = to_float(w_scale[(scale_modes & 1) ? n : 0]);
+        return acc[r][b] * s * (scale_a ? rocjit::load_dep(scale_a + ((scale_modes & 2) ? b : 0)) : 1.f);
+    };
+    const skinny::epilogue<OT> ep = skinny::make_epilogue<EP, OT>(out, residual, out_scale, scale_a, nullptr,
+                                                                  scale_modes, B, N, ldo);
+    if constexpr (EP::kind == 2) {
+        // gate row g and its up row g + 8 belong to different teams: the block's values meet in shared memory
+        __shared__ float vals[MB][ROWS * RT];
+        if (lp == 0) {
 #pragma unroll
-    for (int r = 0; r < RT; ++r) {
-        const int n = n0 + r;
-        if (n < N) {
-            float s = 1.f;
-            if (!I4 && w_scale) s = to_float(w_scale[(scale_modes & 1) ? n : 0]);
+            for (int r = 0; r < RT; ++r)
 #pragma unroll
-            for (int b = 0; b < MB; ++b)
-                if (b < B) store<OT>(out + (size_t)b * N + n,
-                                     acc[r][b] * s * (scale_a ? scale_a[(scale_modes & 2) ? b : 0] : 1.f));
+                for (int b = 0; b < MB; ++b)
+                    if (b < B) vals[b][team * RT + r] = n0 + r < N ? value(r, b, n0 + r) : 0.f;
+        }
+        __syncthreads();
+        constexpr int kOuts = ROWS * RT / 2;   // outputs of the block per batch row
+        for (int i = threadIdx.x; i < kOuts * B; i += P * ROWS) {
+            const int b = i / kOuts, j = i % kOuts;
+            const int g = 16 * (j / 8) + j % 8, col = blockIdx.x * kOuts + j;
+            if (col < ldo) ep.template put_swiglu<EP>(b, col, vals[b][g], vals[b][g + 8]);
+        }
+        return;
+    } else {
+        if (lp != 0) return;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            const int n = n0 + r;
+            if (n < N) {
+#pragma unroll
+                for (int b = 0; b < MB; ++b)
+                    if (b < B) ep.template put<EP>(b, n, value(r, b, n));
+            }
         }
     }
 }
 
-// rocjit:check gemv_kernel<__half, gemv::w_f16, float, __half, 32, 8, 1, 2, 1>
-// rocjit:check gemv_kernel<__half, gemv::w_f16, float, __half, 32, 4, 1, 2, 2>
-// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_bf16, float, __hip_bfloat16, 16, 16, 8, 2, 1>
-// rocjit:check gemv_kernel<__half, gemv::w_i8, float, __half, 16, 8, 1, 2, 2>
-// rocjit:check gemv_kernel<__half, gemv::w_i4, __half, __half, 32, 4, 1, 1, 4>
-// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 8, 2, 2, 2>
-// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 16, 8, 2, 1>
-// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3fnuz, float, __hip_bfloat16, 32, 4, 8, 2, 1>
+// rocjit:check gemv_kernel<__half, gemv::w_f16, float, __half, 32, 8, 1, 2, 1, skinny::ep_store>
+// rocjit:check gemv_kernel<__half, gemv::w_f16, float, __half, 32, 4, 1, 2, 2, skinny::ep_store>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_bf16, float, __hip_bfloat16, 16, 16, 8, 2, 1, skinny::ep_store>
+// rocjit:check gemv_kernel<__half, gemv::w_i8, float, __half, 16, 8, 1, 2, 2, skinny::ep_store>
+// rocjit:check gemv_kernel<__half, gemv::w_i4, __half, __half, 32, 4, 1, 1, 4, skinny::ep_store>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 8, 2, 2, 2, skinny::ep_store>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_i4, float, __hip_bfloat16, 16, 16, 8, 2, 1, skinny::ep_store>
+// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3fnuz, float, __hip_bfloat16, 32, 4, 8, 2, 1, skinny::ep_store>
+// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3, float, __hip_bfloat16, 32, 4, 1, 2, 4, skinny::ep_store>
+// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3, float, __hip_bfloat16, 16, 8, 4, 2, 1, skinny::ep_store>
+// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3, float, unsigned char, 32, 4, 1, 2, 4, skinny::ep_swiglu<rocjit::e4m3fn>>
+// rocjit:check gemv_kernel<unsigned char, gemv::w_e4m3fnuz, float, unsigned char, 16, 16, 2, 2, 1, skinny::ep_swiglu<rocjit::e4m3fnuz>>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_bf16, float, __hip_bfloat16, 16, 8, 2, 2, 2, skinny::ep_residual>
+// rocjit:check gemv_kernel<__hip_bfloat16, gemv::w_bf16, float, __hip_bfloat16, 32, 4, 1, 2, 4, skinny::ep_swiglu<skinny::no_quant>>

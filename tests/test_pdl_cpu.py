@@ -13,7 +13,7 @@ import pytest
 from rocjit import check, targets
 from rocjit.kernel import Module
 
-PDL_SOURCES = ("decode_attention.hip", "rms_norm.hip", "swiglu.hip", "quant_fp8.hip", "skinny_gemm.hip")
+PDL_SOURCES = ("decode_attention.hip", "rms_norm.hip", "swiglu.hip", "quant_fp8.hip", "skinny_gemm.hip", "gemv.hip")
 
 
 def _nvrtc():

@@ -126,6 +126,8 @@ def _record_all(monkeypatch, M, N, K, inter):
             G.launch_mma(a, w, out, torch.ones(1), sw, M, N, K, cfg, "sm_90a", 32, rec, **kw)
         for cfg in G.stream_candidates(M, N, K, 132, eb):
             G.launch_stream(a, w, out, torch.ones(1), sw, M, N, K, cfg, 132, rec, **kw)
+        for cfg in G.portable_skinny_candidates(M, "sm_90a", swiglu="swiglu" in ep):
+            G.launch_skinny_portable(a, w, out, torch.ones(1), sw, M, N, K, cfg, rec, **kw)
     return rec.launches
 
 
@@ -134,12 +136,12 @@ def test_every_epilogue_launch_matches_its_kernel_signature(monkeypatch, M):
     """Each launch the host makes passes one argument per kernel parameter, pointers where pointers are
     declared; SwiGLU launches pass I (not the 2*I8 weight rows) as the output's columns."""
     from rocjit.compiler import kernels_src_dir
-    src = (kernels_src_dir() / G.SRC).read_text()
+    srcs = {s: (kernels_src_dir() / s).read_text() for s in (G.SRC, G.GEMV_SRC)}
     N, K, inter = 2080, 4096, 1037
     launches = _record_all(monkeypatch, M, N, K, inter)
     kinds = set()
     for name, args in launches:
-        params = signature.parse(src, name)
+        params = signature.parse(srcs[G.GEMV_SRC if name.startswith("gemv_kernel<") else G.SRC], name)
         assert params is not None and len(params) == len(args), name
         for p, v in zip(params, args):
             if p.pointer:
@@ -150,12 +152,13 @@ def test_every_epilogue_launch_matches_its_kernel_signature(monkeypatch, M):
         if "swiglu" in name:
             assert named["ldo"] == inter and named["N"] == N
         kinds.add(name.split("<")[0])
-    assert kinds == {"skinny_gemm_kernel", "skinny_splitk_reduce", "skinny_stream_kernel"}
+    portable = {"gemv_kernel"} if M <= G.PORTABLE_SKINNY_ROWS else set()
+    assert kinds == {"skinny_gemm_kernel", "skinny_splitk_reduce", "skinny_stream_kernel"} | portable
 
 
-def _check_lines():
+def _check_lines(src=G.SRC):
     from rocjit.compiler import kernels_src_dir
-    return re.findall(r"//\s*rocjit:check\s+(.+)", (kernels_src_dir() / G.SRC).read_text())
+    return re.findall(r"//\s*rocjit:check\s+(.+)", (kernels_src_dir() / src).read_text())
 
 
 def test_every_epilogue_of_every_kernel_is_build_checked():
@@ -166,6 +169,10 @@ def test_every_epilogue_of_every_kernel_is_build_checked():
                    "ep_swiglu<rocjit::e4m3fn>>"):
             assert any(line.startswith(kernel + "<") and line.endswith(ep) for line in lines), (kernel, ep)
     assert any("ep_swiglu<rocjit::e4m3fnuz>>" in line for line in lines)     # gfx942's format
+    gemv = _check_lines(G.GEMV_SRC)                                            # skinny_gemm's M <= 2 path
+    for ep in ("skinny::ep_store>", "skinny::ep_residual>", "ep_swiglu<skinny::no_quant>>", "ep_swiglu<rocjit::e4m3fn>>",
+               "ep_swiglu<rocjit::e4m3fnuz>>"):
+        assert any(line.startswith("gemv_kernel<") and line.endswith(ep) for line in gemv), ep
 
 
 def _nvrtc():

@@ -348,6 +348,25 @@ def portable_candidates(M: int) -> list[dict]:
             for p, r, u in ((32, 4, 2), (16, 8, 2), (8, 16, 2))]
 
 
+# gemv.hip's kernel as a skinny GEMM on NVIDIA at M <= 2: teams of lanes reading 512 contiguous bytes of a row per
+# load stream the weights faster there than the matrix-core kernels' 64-byte row pieces (H200, weights rotated,
+# graph replays, M = 1: FP8 16384 x 6656 27.4 against 28.8 us, 13312 x 16384 54.0 against 57.2; bf16 51.3 against
+# 55.4 and 101.0 against 107.6; cuBLAS 28.8 / 54.9 / 52.6 / 108.1). From M = 4 on it multiplies more than it streams.
+PORTABLE_SKINNY_ROWS = 2
+
+
+def portable_skinny_candidates(M: int, target: str, swiglu: bool = False) -> list[dict]:
+    """The portable kernel's configs (p lanes per team, rows teams per block, unroll, rt rows per team) that
+    skinny_gemm and its fused ops time beside the matrix-core kernels; SwiGLU needs whole 16-row gate / up groups
+    per block (rows * rt % 16 == 0)."""
+    if not target.startswith("sm_") or M > PORTABLE_SKINNY_ROWS:
+        return []
+    return [{"path": "portable", "p": p, "rows": r, "unroll": u, "rt": rt}
+            for p, r, u, rt in ((32, 4, 2, 2), (32, 4, 1, 4), (16, 8, 2, 2), (16, 16, 2, 1), (32, 8, 2, 1),
+                                (32, 4, 4, 1), (32, 8, 1, 4))
+            if not swiglu or r * rt % 16 == 0]
+
+
 def _m_tiles(M: int, target: str) -> int:
     rows = 8 if target.startswith("sm_") else 16       # activation rows per matrix instruction
     return -(-M // rows)
@@ -614,14 +633,28 @@ def tensor_map_fn(kbytes: int, rows: int, ld: int, box_rows: int):
 
 
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, modes: int, scale_a,
-                    st: str, M: int, N: int, K: int, cfg: dict, call=UNRECORDED):
+                    st: str, M: int, N: int, K: int, cfg: dict, call=UNRECORDED, *, ep: str = EP_STORE,
+                    residual=None, out_scale=None):
     """gemv.hip's portable kernel: cfg p threads per team, rows (teams) per block, unroll, rt rows per team;
-    modes: the scale_modes bits (per-column w_scale, per-row scale_a)."""
+    modes: the scale_modes bits (per-column w_scale, per-row scale_a); ep: skinny_gemm's epilogues (N weight rows,
+    out [M, out.shape[-1]]: N, or I for SwiGLU)."""
     p, rows, un, rt = cfg["p"], cfg["rows"], cfg["unroll"], cfg.get("rt", 1)
-    name = f"gemv_kernel<{xt}, {wk}, {st}, {ctype(out.dtype)}, {p}, {rows}, {_mb(M)}, {un}, {rt}>"
+    name = f"gemv_kernel<{xt}, {wk}, {st}, {ctype(out.dtype)}, {p}, {rows}, {_mb(M)}, {un}, {rt}, {ep}>"
     call.launch(_kernel(GEMV_SRC, name), -(-N // (rows * rt)), p * rows, w, x, out, w_scale, w_zero, group_size,
-                modes, scale_a, N, K, M)
+                modes, scale_a, N, K, M, residual, out_scale, out.shape[-1])
     return out
+
+
+def launch_skinny_portable(a, w, out, scale_a, scale_w, M: int, N: int, K: int, cfg: dict, call=UNRECORDED, *,
+                           ep: str = EP_STORE, residual=None, out_scale=None):
+    """skinny_gemm (and its fused epilogues) on gemv.hip's portable kernel: A [M, K] times W [N, K]^T, FP8 with
+    skinny_gemm's scales, 16-bit without."""
+    fp8 = _is_fp8(a.dtype)
+    xt = "unsigned char" if fp8 else ctype(a.dtype)
+    wk = ("gemv::w_e4m3fnuz" if "fnuz" in str(a.dtype) else "gemv::w_e4m3") if fp8 else \
+        ("gemv::w_bf16" if "bfloat16" in str(a.dtype) else "gemv::w_f16")
+    return launch_portable(a, xt, wk, w, out, scale_w, None, 0, scale_modes(M, N, scale_a, scale_w), scale_a,
+                           "float", M, N, K, cfg, call, ep=ep, residual=residual, out_scale=out_scale)
 
 
 def aligned_operands(op: str, a, w, out=None, call=UNRECORDED):

@@ -92,6 +92,7 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
     fused = ep != EP_STORE
     if has_matrix_path(target, fp8) or (fused and has_epilogue_path(target, fp8)):
         cands, default = G.matrix_candidates(M, N, K, sms, eb, target), mma_default(M, N, K, sms, eb)
+        cands = cands + G.portable_skinny_candidates(M, target, swiglu=ep not in (EP_STORE, EP_RESIDUAL))
     elif fused:
         raise NotImplementedError(f"{op_name}: the fused epilogue needs the matrix-core kernel (NVIDIA sm_80+, "
                                   f"sm_89+ for FP8; AMD gfx90a / gfx942 / gfx950); {target} has none. Use "
@@ -112,11 +113,8 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
         if cfg["path"] == "stream":
             return launch_stream(a, w, out, scale_a, scale_w, M, N, K, cfg, sms, call, ep=ep, residual=residual,
                                  out_scale=out_scale)
-        xt = "unsigned char" if fp8 else ctype(a.dtype)
-        wk = ("gemv::w_e4m3fnuz" if "fnuz" in str(a.dtype) else "gemv::w_e4m3") if fp8 else \
-            ("gemv::w_bf16" if "bfloat16" in str(a.dtype) else "gemv::w_f16")
-        return launch_portable(a, xt, wk, w, out, scale_w, None, 0, G.scale_modes(M, N, scale_a, scale_w), scale_a,
-                               "float", M, N, K, cfg, call)
+        return G.launch_skinny_portable(a, w, out, scale_a, scale_w, M, N, K, cfg, call, ep=ep, residual=residual,
+                                        out_scale=out_scale)
 
     def run(cfg, w=w, call=UNRECORDED):
         return launch(cfg, w, call, out)

@@ -4,6 +4,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
+from rocjit.ops import _gemm as G  # noqa: E402
 from rocjit.ops import skinny  # noqa: E402
 
 F8 = torch.float8_e4m3fn
@@ -45,7 +46,7 @@ def test_every_config_matches_reference(dt, M, K):
         cfgs += skinny.tma_candidates(M, N, K, sms, a.element_size())
     if cfgs and skinny.has_wgmma_path(target):
         cfgs += skinny.wgmma_candidates(M, N, K, sms, a.element_size())
-    cfgs += skinny.portable_candidates(M)[:1]
+    cfgs += skinny.portable_candidates(M)[:1] + G.portable_skinny_candidates(M, target)
     for cfg in cfgs:
         out = torch.full((M, N), float("nan"), dtype=od, device="cuda")
         if cfg["path"] == "mma":
@@ -57,10 +58,7 @@ def test_every_config_matches_reference(dt, M, K):
         elif cfg["path"] == "wgmma":
             skinny.launch_wgmma(a, w, out, sa, sw, M, N, K, cfg)
         else:
-            xt = "unsigned char" if dt == F8 else skinny.ctype(dt)
-            wk = "gemv::w_e4m3" if dt == F8 else {torch.bfloat16: "gemv::w_bf16", torch.float16: "gemv::w_f16"}[dt]
-            skinny.launch_portable(a, xt, wk, w, out, sw, None, 0, int(sw is not None and sw.numel() > 1), sa, "float",
-                                   M, N, K, cfg)
+            G.launch_skinny_portable(a, w, out, sa, sw, M, N, K, cfg)
         assert _rel(out, ref) < tol, cfg
     y = skinny.skinny_gemm(a, w, scale_a=sa, scale_w=sw)
     assert y.dtype == od and y.shape == (M, N)

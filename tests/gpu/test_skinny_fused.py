@@ -1,6 +1,6 @@
 """Fused skinny-GEMM epilogues on the GPU against float64 references: gate/up + SwiGLU (+ static FP8) and
-down + residual, on every kernel path (mma with and without grid split-K, stream, tma, wgmma), through the ops, their eager
-plans, CUDA graphs and torch.compile."""
+down + residual, on every kernel path (mma with and without grid split-K, stream, tma, wgmma, gemv.hip's portable
+kernel), through the ops, their eager plans, CUDA graphs and torch.compile."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -68,9 +68,9 @@ def _poisoned(shape, dtype):
     return t
 
 
-def _configs(M, N, K, eb):
+def _configs(M, N, K, eb, swiglu=False):
     target, _, sms = skinny._device(0)
-    cfgs = skinny.mma_candidates(M, N, K, sms, eb)
+    cfgs = skinny.mma_candidates(M, N, K, sms, eb) + G.portable_skinny_candidates(M, target, swiglu)
     if skinny.has_stream_path(target):
         cfgs = skinny.stream_candidates(M, N, K, sms, eb) + cfgs
     if skinny.has_tma_path(target):
@@ -87,11 +87,13 @@ def _launch(cfg, a, w, out, sa, sw, M, N, K, target, sms, **kw):
         return G.launch_tma(a, w, out, sa, sw, M, N, K, cfg, sms, **kw)
     if cfg["path"] == "wgmma":
         return G.launch_wgmma(a, w, out, sa, sw, M, N, K, cfg, **kw)
+    if cfg["path"] == "portable":
+        return G.launch_skinny_portable(a, w, out, sa, sw, M, N, K, cfg, **kw)
     return G.launch_stream(a, w, out, sa, sw, M, N, K, cfg, sms, **kw)
 
 
 # ----------------------------------------------------------------------------- every path
-@pytest.mark.parametrize(("M", "K"), [(1, 6672), (17, 272), (32, 6672)])
+@pytest.mark.parametrize(("M", "K"), [(1, 6672), (2, 6672), (17, 272), (32, 6672)])
 def test_swiglu_fp8_every_config(M, K):
     """I = 1037 (padded to 1040: a partial last group), K with a tail past the last 64-byte k-block."""
     inter = 1037
@@ -99,20 +101,22 @@ def test_swiglu_fp8_every_config(M, K):
     N = w.shape[0]
     s_h = (ref.abs().max() / 300).float().reshape(1)
     ref_q = ref / s_h.double()
-    cfgs, target, sms = _configs(M, N, K, 1)
+    cfgs, target, sms = _configs(M, N, K, 1, swiglu=True)
     assert any(c.get("splits", 1) > 1 for c in cfgs) or K < 1024
+    assert any(c["path"] == "portable" for c in cfgs) == (M <= G.PORTABLE_SKINNY_ROWS and target.startswith("sm_"))
     for cfg in cfgs:
         out = _poisoned((M, inter), F8)
         _launch(cfg, a, w, out, sa, sw, M, N, K, target, sms, ep=G.ep_swiglu("e4m3fn"), out_scale=s_h)
         _check_fp8(out, ref_q)
 
 
+@pytest.mark.parametrize("M", [2, 5])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-def test_swiglu_half_every_config(dt):
-    M, inter, K = 5, 1001, 1040
-    a, w, _, _, ref = _gate_up_case(dt, M, inter, K, seed=3)
+def test_swiglu_half_every_config(dt, M):
+    inter, K = 1001, 1040
+    a, w, _, _, ref = _gate_up_case(dt, M, inter, K, seed=3 + M)
     N = w.shape[0]
-    cfgs, target, sms = _configs(M, N, K, 2)
+    cfgs, target, sms = _configs(M, N, K, 2, swiglu=True)
     for cfg in cfgs:
         out = _poisoned((M, inter), dt)
         _launch(cfg, a, w, out, None, None, M, N, K, target, sms, ep=G.ep_swiglu(None))
@@ -137,8 +141,9 @@ def _residual_case(dt, M, N, K, seed):
     return a, w, sa, sw, r0, r0.double() + prod
 
 
-@pytest.mark.parametrize(("dt", "M", "K"), [(F8, 1, 6672), (F8, 32, 6672), (torch.float16, 9, 1040)],
-                         ids=["fp8-m1", "fp8-m32", "f16-m9"])
+@pytest.mark.parametrize(("dt", "M", "K"), [(F8, 1, 6672), (F8, 32, 6672), (torch.float16, 9, 1040),
+                                             (torch.bfloat16, 2, 1040)],
+                         ids=["fp8-m1", "fp8-m32", "f16-m9", "bf16-m2"])
 def test_residual_every_config_in_place_and_out(dt, M, K):
     N = 1037
     a, w, sa, sw, r0, ref = _residual_case(dt, M, N, K, seed=M + 5)
