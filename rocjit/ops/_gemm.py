@@ -348,10 +348,11 @@ def portable_candidates(M: int) -> list[dict]:
             for p, r, u in ((32, 4, 2), (16, 8, 2), (8, 16, 2))]
 
 
-# gemv.hip's kernel as a skinny GEMM on NVIDIA at M <= 2: teams of lanes reading 512 contiguous bytes of a row per
-# load stream the weights faster there than the matrix-core kernels' 64-byte row pieces (H200, weights rotated,
-# graph replays, M = 1: FP8 16384 x 6656 27.4 against 28.8 us, 13312 x 16384 54.0 against 57.2; bf16 51.3 against
-# 55.4 and 101.0 against 107.6; cuBLAS 28.8 / 54.9 / 52.6 / 108.1). From M = 4 on it multiplies more than it streams.
+# gemv.hip's kernel as a skinny GEMM on NVIDIA for a few activation rows: teams of lanes reading 256 - 512 contiguous
+# bytes of a row per load stream the weights faster than the matrix-core kernels' 64-byte row pieces (H200, weights
+# rotated, graph replays, M = 1: FP8 16384 x 6656 26.2 - 26.6 against 28.5 - 28.8 us, 13312 x 16384 53.5 - 54.4
+# against 56.0 - 57.2; bf16 49.5 - 50.1 against 55.2 - 55.4 and 99.2 - 103.0 against 107.1 - 108.3). Its fp32
+# multiplies grow with M: at M = 4 it lost everywhere (FP8 16384 x 6656 53 - 63 us, bf16 66 - 73, against 28 and 53).
 PORTABLE_SKINNY_ROWS = 2
 
 
