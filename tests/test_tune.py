@@ -203,7 +203,9 @@ def _shipped_candidates(op: str, dims: dict, dtype: str) -> list | None:
     if op.startswith("skinny_gemm"):
         eb = 1 if dtype.startswith("float8") else 2
         M, N, K = dims["m"], dims["n"], dims["k"]
-        return G.matrix_candidates(M, N, K, sms, eb, target)
+        ep = G.ep_swiglu("e4m3fn") if op == "skinny_gemm_swiglu" else G.EP_RESIDUAL if op == "skinny_gemm_residual" \
+            else G.EP_STORE
+        return G.skinny_candidates(M, N, K, sms, eb, target, ep)
     if op == "gemv":
         return matvec._candidates(dtype.split("-")[0], dims["b"], dims["n"], dims["k"], target, sms)[0]
     return None

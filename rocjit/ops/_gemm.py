@@ -356,6 +356,13 @@ def portable_candidates(M: int) -> list[dict]:
 PORTABLE_SKINNY_ROWS = 2
 
 
+def skinny_candidates(M: int, N: int, K: int, sms: int, elem_bytes: int, target: str, ep: str = EP_STORE) -> list[dict]:
+    """What skinny_gemm and its fused ops (epilogue ep) tune on a target with a matrix path: the matrix-core kernels'
+    configs, then the portable kernel's."""
+    swiglu = ep not in (EP_STORE, EP_RESIDUAL)
+    return matrix_candidates(M, N, K, sms, elem_bytes, target) + portable_skinny_candidates(M, target, swiglu)
+
+
 def portable_skinny_candidates(M: int, target: str, swiglu: bool = False) -> list[dict]:
     """The portable kernel's configs (p lanes per team, rows teams per block, unroll, rt rows per team) that
     skinny_gemm and its fused ops time beside the matrix-core kernels; SwiGLU needs whole 16-row gate / up groups

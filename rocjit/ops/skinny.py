@@ -91,8 +91,7 @@ def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=
     eb = a.element_size()
     fused = ep != EP_STORE
     if has_matrix_path(target, fp8) or (fused and has_epilogue_path(target, fp8)):
-        cands, default = G.matrix_candidates(M, N, K, sms, eb, target), mma_default(M, N, K, sms, eb)
-        cands = cands + G.portable_skinny_candidates(M, target, swiglu=ep not in (EP_STORE, EP_RESIDUAL))
+        cands, default = G.skinny_candidates(M, N, K, sms, eb, target, ep), mma_default(M, N, K, sms, eb)
     elif fused:
         raise NotImplementedError(f"{op_name}: the fused epilogue needs the matrix-core kernel (NVIDIA sm_80+, "
                                   f"sm_89+ for FP8; AMD gfx90a / gfx942 / gfx950); {target} has none. Use "
