@@ -35,10 +35,6 @@ __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__hip_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_float(float v) { return v; }
 
-template <class T> __device__ __forceinline__ void store(T* p, float v);
-template <> __device__ __forceinline__ void store<float>(float* p, float v) { *p = v; }
-template <> __device__ __forceinline__ void store<__half>(__half* p, float v) { *p = __float2half_rn(v); }
-template <> __device__ __forceinline__ void store<__hip_bfloat16>(__hip_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 
 // Two packed 16-bit values -> two floats.
 __device__ __forceinline__ float2 unpack2(unsigned v, __half) {
@@ -56,8 +52,8 @@ __device__ __forceinline__ float fp8_to_float(unsigned b) {
     return __half2float(*reinterpret_cast<const __half*>(&bits)) * (FNUZ ? 128.f : 256.f);
 }
 // A 16-byte chunk of e4m3 values -> 16 floats, byte i -> f[i]. NVIDIA sm_89+ (OCP e4m3fn only) converts two at a
-// time in hardware (cvt.rn.f16x2.e4m3x2, exact): 8 conversions and 16 widenings instead of five integer and float
-// instructions per value, which left the FP8 GEMV issue-bound below the weights' streaming rate.
+// time in hardware (cvt.rn.f16x2.e4m3x2, exact): 8 conversions and 16 widenings per chunk instead of about five
+// integer and float instructions per value.
 template <bool FNUZ>
 __device__ __forceinline__ void fp8x16_to_float(uint4 v, float (&f)[16]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890

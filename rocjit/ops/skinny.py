@@ -5,11 +5,12 @@
 
 FP8 scales are float32 device tensors: `scale_a` one element (per tensor) or M (per row: the dynamic per-token
 scales that ``rms_norm(..., quant="per_token")`` and ``swiglu(..., quant="per_token")`` return), `scale_w` one
-element or N (per output channel). Matrix-core kernel (skinny_gemm.hip) on NVIDIA sm_89+ and AMD CDNA, the
-portable kernel (gemv.hip) elsewhere; split-K reductions run in a fixed order (deterministic).
+element or N (per output channel). Matrix-core kernels (skinny_gemm.hip) on NVIDIA sm_89+ and AMD CDNA, and on
+NVIDIA at M <= 2 also the portable kernel (gemv.hip), which the tuner picks where it streams the weights faster; the
+portable kernel alone elsewhere. Split-K reductions run in a fixed order (deterministic).
 Configs come from rocjit.tune (tuned once per shape bucket, then persisted).
 
-Fused epilogues (one launch; same main loop, configs and tuning as skinny_gemm):
+Fused epilogues (one launch; the same kernels and configs as skinny_gemm, tuned on their own):
 
     w_gu, s_gu = rocjit.ops.prepare_gate_up(gate_w, up_w, gate_scale, up_scale)    # once, at load time
     h = rocjit.ops.skinny_gemm_swiglu(a8, w_gu, scale_a=sa, scale_w=s_gu, scale=s_h, intermediate=I)
