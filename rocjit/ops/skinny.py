@@ -83,7 +83,8 @@ def _check(a, w, scale_a, scale_w, out_dtype, out):
 def config_for(a, w, out, scale_a, scale_w, M, N, K, fp8, ep=EP_STORE, residual=None, out_scale=None,
                op_name="skinny_gemm"):
     """The tuned (or default) config of this problem and run(cfg, w=w, call=UNRECORDED) that launches it.
-    A fused epilogue `ep` (see _gemm.launch_mma) runs on the matrix-core kernels only. It is tuned on its own
+    A fused epilogue `ep` (see _gemm.launch_mma) runs on targets with the matrix-core kernels (there, on NVIDIA at
+    M <= 2, on the portable kernel too: G.skinny_candidates). It is tuned on its own
     (key skinny_gemm_residual / skinny_gemm_swiglu: the best plain config is not always the best fused one), with
     the plain GEMM's shipped default as its default; tuning a residual epilogue writes a scratch output, never
     `residual`."""
