@@ -19,6 +19,7 @@
 // rocjit:pdl
 #include <hip/hip_runtime.h>
 #include "rocjit/types.h"   // __half / __hip_bfloat16 on every compiler (hipRTC included)
+#include "rocjit/fp8.h"     // widen_e4m3x4
 #include "rocjit/stream.h"  // programmatic dependent launch, coherent activation loads
 #include "rocjit/epilogue.h"  // skinny_gemm's epilogues (its fused ops run this kernel too)
 
@@ -51,31 +52,6 @@ __device__ __forceinline__ float fp8_to_float(unsigned b) {
     unsigned short bits = (unsigned short)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7));
     return __half2float(*reinterpret_cast<const __half*>(&bits)) * (FNUZ ? 128.f : 256.f);
 }
-// A 16-byte chunk of e4m3 values -> 16 floats, byte i -> f[i]. NVIDIA sm_89+ (OCP e4m3fn only) converts two at a
-// time in hardware (cvt.rn.f16x2.e4m3x2, exact): 8 conversions and 16 widenings per chunk instead of about five
-// integer and float instructions per value.
-template <bool FNUZ>
-__device__ __forceinline__ void fp8x16_to_float(uint4 v, float (&f)[16]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if (!FNUZ) {
-        const unsigned r[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            unsigned lo, hi;
-            asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
-                : "=r"(lo), "=r"(hi) : "r"(r[i]));
-            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
-            f[4 * i] = a.x; f[4 * i + 1] = a.y; f[4 * i + 2] = b.x; f[4 * i + 3] = b.y;
-        }
-        return;
-    }
-#endif
-    const unsigned r[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 16; ++i) f[i] = fp8_to_float<FNUZ>((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
-}
-
 // Signed int8 / unsigned int4 -> float through the 2^23 magic number (integer ops + one FADD).
 __device__ __forceinline__ float i8_to_float(unsigned byte) {
     return __uint_as_float(0x4B000000u | (byte ^ 0x80u)) - 8388736.f;   // 2^23 + 128
@@ -118,6 +94,29 @@ __device__ __forceinline__ uint4 load_w16(const uint4* p) {
 // Byte / nibble i of a 16-byte chunk (i is a compile-time constant after unrolling).
 __device__ __forceinline__ unsigned word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ unsigned byte_of(uint4 v, int i) { return (word_of(v, i / 4) >> (8 * (i % 4))) & 0xFFu; }
+
+// A 16-byte chunk of e4m3 values -> 16 floats, byte i -> f[i]. NVIDIA sm_89+ (OCP e4m3fn only) converts two at a
+// time in hardware (rocjit::widen_e4m3x4, exact): 8 conversions and 16 widenings per chunk instead of about five
+// integer and float instructions per value.
+template <bool FNUZ>
+__device__ __forceinline__ void fp8x16_to_float(uint4 v, float (&f)[16]) {
+    const unsigned r[4] = {v.x, v.y, v.z, v.w};
+#if ROCJIT_NVIDIA && ROCJIT_SM >= 890
+    if (!FNUZ) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned lo, hi;
+            rocjit::widen_e4m3x4(r[i], lo, hi);
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+            f[4 * i] = a.x; f[4 * i + 1] = a.y; f[4 * i + 2] = b.x; f[4 * i + 3] = b.y;
+        }
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 16; ++i) f[i] = fp8_to_float<FNUZ>((r[i / 4] >> (8 * (i % 4))) & 0xFFu);
+}
 
 template <bool FNUZ, int E>
 __device__ __forceinline__ void load_x_fp8(const unsigned char* p, float (&xf)[E]) {

@@ -118,11 +118,7 @@ __device__ __forceinline__ void mma_chunk(float* c, const uint4 (&w)[kRowsPerLan
 // dot product). tests/test_skinny_weight_stream_cpu.py counts the SASS. On an H100 (FP8,
 // weights rotated beyond L2, one run, best config each) 13312 x 16384 at M = 32 ran in 85.6 us against 91.8 with
 // ptxas's expansion (cuBLASLt 82.2), 16384 x 6656 at M = 32 in 46.1 against 47.3 and at M = 1 in 34.8 against 36.0.
-// -DSKINNY_PTXAS_FP8 restores the expansion, for comparison.
-__device__ __forceinline__ void widen_e4m3(unsigned v, unsigned& lo, unsigned& hi) {
-    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
-        : "=r"(lo), "=r"(hi) : "r"(v));
-}
+// -DSKINNY_PTXAS_FP8 restores the expansion, for comparison. (rocjit::widen_e4m3x4: rocjit/fp8.h.)
 template <>
 __device__ __forceinline__ void mma_chunk<e4m3_t>(float* c, const uint4 (&w)[kRowsPerLane], uint4 x) {
     const unsigned g[4] = {w[0].x, w[0].y, w[0].z, w[0].w}, e[4] = {w[1].x, w[1].y, w[1].z, w[1].w};
@@ -130,9 +126,9 @@ __device__ __forceinline__ void mma_chunk<e4m3_t>(float* c, const uint4 (&w)[kRo
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         unsigned g0, g1, e0, e1, b0, b1;
-        widen_e4m3(g[i], g0, g1);
-        widen_e4m3(e[i], e0, e1);
-        widen_e4m3(b[i], b0, b1);
+        rocjit::widen_e4m3x4(g[i], g0, g1);
+        rocjit::widen_e4m3x4(e[i], e0, e1);
+        rocjit::widen_e4m3x4(b[i], b0, b1);
         mma<f16_t>(c, g0, e0, g1, e1, b0, b1);
     }
 }

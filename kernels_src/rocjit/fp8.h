@@ -77,6 +77,15 @@ ROCJIT_INLINE float fp8_to_float(unsigned int b) {
     return (b & 0x80u) ? -mag : mag;
 }
 
+// Four OCP e4m3 bytes -> two f16x2 words, exactly, in hardware (NVIDIA sm_89+): bytes 0, 1 -> lo, bytes 2, 3 -> hi
+// (low byte in the low half). Side-effect-free asm, so the compiler may share one conversion among its users.
+#if ROCJIT_NVIDIA && ROCJIT_SM >= 890
+ROCJIT_INLINE void widen_e4m3x4(unsigned v, unsigned& lo, unsigned& hi) {
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi) : "r"(v));
+}
+#endif
+
 // Clamp to +-max keeping NaN (fminf/fmaxf would turn NaN into a number).
 template <class F>
 ROCJIT_INLINE float fp8_clamp(float x) {

@@ -640,6 +640,11 @@ def tensor_map_fn(kbytes: int, rows: int, ld: int, box_rows: int):
     return functools.lru_cache(maxsize=64)(lambda address: encode(address, kbytes, rows, ld, 128, box_rows))
 
 
+# gemv.hip's weight kinds (its template argument WK), by the ops' names for them
+GEMV_WEIGHT_KINDS = {"f16": "gemv::w_f16", "bf16": "gemv::w_bf16", "i8": "gemv::w_i8", "i4": "gemv::w_i4",
+                     "e4m3": "gemv::w_e4m3", "e4m3fnuz": "gemv::w_e4m3fnuz"}
+
+
 def launch_portable(x, xt: str, wk: str, w, out, w_scale, w_zero, group_size: int, modes: int, scale_a,
                     st: str, M: int, N: int, K: int, cfg: dict, call=UNRECORDED, *, ep: str = EP_STORE,
                     residual=None, out_scale=None):
@@ -658,11 +663,11 @@ def launch_skinny_portable(a, w, out, scale_a, scale_w, M: int, N: int, K: int, 
     """skinny_gemm (and its fused epilogues) on gemv.hip's portable kernel: A [M, K] times W [N, K]^T, FP8 with
     skinny_gemm's scales, 16-bit without."""
     fp8 = _is_fp8(a.dtype)
-    xt = "unsigned char" if fp8 else ctype(a.dtype)
-    wk = ("gemv::w_e4m3fnuz" if "fnuz" in str(a.dtype) else "gemv::w_e4m3") if fp8 else \
-        ("gemv::w_bf16" if "bfloat16" in str(a.dtype) else "gemv::w_f16")
-    return launch_portable(a, xt, wk, w, out, scale_w, None, 0, scale_modes(M, N, scale_a, scale_w), scale_a,
-                           "float", M, N, K, cfg, call, ep=ep, residual=residual, out_scale=out_scale)
+    kind = ("e4m3fnuz" if "fnuz" in str(a.dtype) else "e4m3") if fp8 else "bf16" if "bfloat16" in str(a.dtype) \
+        else "f16"
+    return launch_portable(a, "unsigned char" if fp8 else ctype(a.dtype), GEMV_WEIGHT_KINDS[kind], w, out, scale_w,
+                           None, 0, scale_modes(M, N, scale_a, scale_w), scale_a, "float", M, N, K, cfg, call, ep=ep,
+                           residual=residual, out_scale=out_scale)
 
 
 def aligned_operands(op: str, a, w, out=None, call=UNRECORDED):

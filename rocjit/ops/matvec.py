@@ -113,7 +113,6 @@ def _check(w, x, w_scale, w_zero, group_size, out):
     return kind, B, N, K, oshape
 
 
-_WK = {"f16": "gemv::w_f16", "bf16": "gemv::w_bf16", "i8": "gemv::w_i8", "i4": "gemv::w_i4"}
 
 
 def _run(call, w, x, w_scale, w_zero, group_size, out):
@@ -145,7 +144,7 @@ def run_config(cfg: dict, kind: str, x, w, out, w_scale, w_zero, group_size, tar
     if cfg["path"] == "stream":
         return G.launch_stream(x, w, out, None, None, B, N, K, cfg, sms, call)
     st = G.ctype(w_scale.dtype) if w_scale is not None else "float"
-    return G.launch_portable(x, G.ctype(x.dtype), _WK[kind], w, out, w_scale, w_zero, group_size or 0,
+    return G.launch_portable(x, G.ctype(x.dtype), G.GEMV_WEIGHT_KINDS[kind], w, out, w_scale, w_zero, group_size or 0,
                              G.SCALE_W_PER_COLUMN, None, st, B, N, K, cfg, call)
 
 

@@ -23,9 +23,9 @@ from typing import Optional
 from rocjit import targets
 from rocjit.ops import _common as C
 from rocjit.ops import _gemm as G
-from rocjit.ops._gemm import (EP_RESIDUAL, EP_STORE, aligned_operands, ctype, ep_swiglu,  # noqa: F401
+from rocjit.ops._gemm import (EP_RESIDUAL, EP_STORE, aligned_operands, ep_swiglu,  # noqa: F401
                               has_epilogue_path, has_matrix_path, has_stream_path, has_tma_path, has_wgmma_path,
-                              launch_mma, launch_portable, launch_stream, launch_tma, launch_wgmma, mma_candidates,
+                              launch_mma, launch_stream, launch_tma, launch_wgmma, mma_candidates,
                               mma_default, portable_candidates, stream_candidates, tma_candidates, wgmma_candidates)
 from rocjit.ops._op import UNRECORDED, op
 
