@@ -76,6 +76,28 @@ def test_fp8_per_tensor_scale_and_out_dtypes():
         assert y is out and _rel(y, ref) < tol
 
 
+@pytest.mark.parametrize("M", [1, 2])
+def test_portable_rows_with_per_row_activation_scales(M):
+    """skinny_gemm's M <= 2 configs on gemv.hip's kernel with one activation scale per row (per-token FP8) and
+    per-channel weight scales, odd N and a K tail past the 16-byte chunks' last full unroll."""
+    target, _, _ = skinny._device(0)
+    cfgs = G.portable_skinny_candidates(M, target)
+    if not cfgs:
+        pytest.skip("the portable rows are skinny_gemm candidates on NVIDIA only")
+    N, K = 1037, 4096 + 48
+    g = torch.Generator(device="cuda").manual_seed(M)
+    a = (torch.randn(M, K, device="cuda", generator=g) * 3).to(F8)
+    w = (torch.randn(N, K, device="cuda", generator=g) * 3).to(F8)
+    sa = torch.rand(M, device="cuda", generator=g) + 0.5
+    sw = torch.rand(N, device="cuda", generator=g) + 0.5
+    ref = (a.double() * sa.double()[:, None]) @ (w.double() * sw.double()[:, None]).t()
+    for cfg in cfgs:
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        G.launch_skinny_portable(a, w, out, sa, sw, M, N, K, cfg)
+        assert _rel(out, ref) < 1e-2, cfg
+    assert _rel(skinny.skinny_gemm(a, w, scale_a=sa, scale_w=sw), ref) < 1e-2
+
+
 def test_deterministic_split_k():
     a, w, sa, sw, ref, od, tol = _case(F8, 4, 2304, 16384)
     target, _, sms = skinny._device(0)
