@@ -665,7 +665,7 @@ def launch_skinny_portable(a, w, out, scale_a, scale_w, M: int, N: int, K: int, 
     fp8 = _is_fp8(a.dtype)
     kind = ("e4m3fnuz" if "fnuz" in str(a.dtype) else "e4m3") if fp8 else "bf16" if "bfloat16" in str(a.dtype) \
         else "f16"
-    return launch_portable(a, "unsigned char" if fp8 else ctype(a.dtype), GEMV_WEIGHT_KINDS[kind], w, out, scale_w,
+    return launch_portable(a, ctype(a.dtype), GEMV_WEIGHT_KINDS[kind], w, out, scale_w,
                            None, 0, scale_modes(M, N, scale_a, scale_w), scale_a, "float", M, N, K, cfg, call, ep=ep,
                            residual=residual, out_scale=out_scale)
 
