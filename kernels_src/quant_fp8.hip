@@ -4,7 +4,8 @@
 //                        per-token (row kept in registers between its amax and the quantization)
 //   amax_kernel:         per-block partial maxima of |x| for the dynamic per-tensor scale
 //   quant_blocks_kernel: 1x128 row blocks, 128x1 column blocks, 128x128 tiles, or 1x128 and
-//                        128x1 together from ONE read of x (the "dual" quantization)
+//                        128x1 together from ONE read of x (the "dual" quantization); optionally of act(x)
+//                        or of g * act'(x) (an MLP's activation, forward or backward, fused into the read)
 // Every kernel here waits for the kernel ahead of it before touching memory (grid_dependency_sync):
 // rocjit may launch them to overlap that kernel's tail (programmatic dependent launch, sm_90+).
 // rocjit:pdl
@@ -91,6 +92,54 @@ __launch_bounds__(kBlock) __global__ void amax_kernel(float* partials, const T* 
     }
     m = block_max(m, scratch);
     if (threadIdx.x == 0) partials[blockIdx.x] = m;
+}
+
+// The activation fused into the block quantizers (kAct): they quantize act(x) or, with kGrad, g * act'(x) (the
+// activation's backward for the upstream gradient g, x being its input), each value rounded to T before its block's
+// maximum is taken -- what quantizing torch's gelu / gelu_backward / silu / relu output in T would give, the
+// formulas torch's kernels use (erff / tanhf / expf in fp32). act(0) = 0 and a zero gradient stays zero, so the
+// zeros past the matrix stay zeros.
+constexpr int kActNone = 0, kActGelu = 1, kActGeluTanh = 2, kActSilu = 3, kActRelu = 4;
+
+template <int kAct, bool kGrad>
+ROCJIT_INLINE float activation(float z, float g) {
+    if constexpr (kAct == kActGelu) {
+        const float cdf = 0.5f * (1.0f + erff(z * 0.70710678118654752f));
+        if constexpr (kGrad) return g * (cdf + z * 0.39894228040143268f * expf(-0.5f * z * z));
+        return z * cdf;
+    } else if constexpr (kAct == kActGeluTanh) {
+        constexpr float kBeta = 0.79788456080286536f, kKappa = 0.044715f;
+        const float t = tanhf(kBeta * (z + kKappa * z * z * z));
+        if constexpr (kGrad) return g * (0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * kBeta * (1.0f + 3.0f * kKappa * z * z));
+        return 0.5f * z * (1.0f + t);
+    } else if constexpr (kAct == kActSilu) {
+        const float sig = 1.0f / (1.0f + expf(-z));
+        if constexpr (kGrad) return g * sig * (1.0f + z * (1.0f - sig));
+        return z * sig;
+    } else if constexpr (kAct == kActRelu) {
+        if constexpr (kGrad) return z > 0.0f ? g : 0.0f;
+        return z < 0.0f ? 0.0f : z;          // NaN stays NaN, as torch.relu
+    } else {
+        (void)g;
+        return z;
+    }
+}
+
+// h = act(h) (kGrad: gh * act'(h)), rounded back to T.
+template <class T, int kAct, bool kGrad>
+ROCJIT_INLINE void activate_chunk(chunk_t<T>& h, const chunk_t<T>& gh) {
+    static_assert(kAct >= kActNone && kAct <= kActRelu, "activation: 0 none, 1 gelu, 2 gelu tanh, 3 silu, 4 relu");
+    static_assert(!kGrad || kAct != kActNone, "the backward form needs an activation");
+    if constexpr (kAct != kActNone) {
+        float v[kChunk], g[kChunk];
+        chunk_to_float(h, v);
+        if constexpr (kGrad) chunk_to_float(gh, g);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) v[i] = activation<kAct, kGrad>(v[i], kGrad ? g[i] : 0.0f);
+        h = float_to_chunk<T>(v);
+    } else {
+        (void)h; (void)gh;
+    }
 }
 
 // Block-scaled quantization. A 256-thread block covers kTileRows rows x 128 columns: 16 lanes
@@ -270,9 +319,13 @@ ROCJIT_INLINE void quant_tile(const chunk_t<T> (&h)[kTileRows / kSlots], int til
     }
 }
 
-template <class T, class F, int kMode, int kTileRows, bool kAligned, bool kColT, bool kRowT>
+// kAct / kGrad: the fused activation (activate_chunk); g: the upstream gradient (kGrad: a T tensor shaped as x),
+// unused otherwise.
+template <class T, class F, int kMode, int kTileRows, bool kAligned, bool kColT, bool kRowT, int kAct,
+          bool kGrad>
 __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row, float* s_row, unsigned char* q_col,
-                                                           float* s_col, const T* x, int rows, int cols) {
+                                                           float* s_col, const T* x, int rows, int cols,
+                                                           const void* g) {
     constexpr int kSteps = kTileRows / kSlots;
     grid_dependency_sync();
     __shared__ quant_blocks_smem<kColT> sm;
@@ -288,6 +341,21 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
         h[s] = zero_chunk<T>();
         if (row0 + s < rows && col < cols) h[s] = load_chunk<kAligned, true>(x + (long long)(row0 + s) * cols, col, cols);
     }
+    if constexpr (kAct != kActNone) {
+        chunk_t<T> gh[kGrad ? kSteps : 1];
+        if constexpr (kGrad) {
+            const T* gt = static_cast<const T*>(g);
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) {
+                gh[s] = zero_chunk<T>();
+                if (row0 + s < rows && col < cols) gh[s] = load_chunk<kAligned, true>(gt + (long long)(row0 + s) * cols, col, cols);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) activate_chunk<T, kAct, kGrad>(h[s], gh[kGrad ? s : 0]);
+    } else {
+        (void)g;
+    }
     quant_tile<T, F, kMode, kTileRows, kAligned, kColT, kRowT>(h, tile_r, tile_c, q_row, s_row, q_col, s_col, rows, cols,
                                                                sm);
 }
@@ -296,15 +364,17 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
 // of 8, and of rows 16 with kColT, 16-byte aligned tensors), streamed: a persistent block walks the tiles b =
 // blockIdx.x, + gridDim.x, ... (grouped_tile's order) and has the async copy unit bring the next tile's x into shared
 // memory while it quantizes the current one, so its loads are always in flight (each thread copies and later reads
-// only its own 16-byte chunks: no barrier between them). Dynamic shared memory: 2 x 128 rows x 256 bytes. sm_80+
-// (cp.async); the host selects it on NVIDIA only. H200, bf16, bit-identical to quant_blocks_kernel: kColT 8192 x
-// 14336 174 -> 153 us, 8192 x 4096 54 -> 48; in x's layout 16384 x 7168 177 -> 159.
-template <class T, class F, bool kColT, bool kRowT>
+// only its own 16-byte chunks: no barrier between them). Dynamic shared memory: 2 x 128 rows x 256 bytes per operand
+// (x, and with kGrad the gradient g beside it: 128 KB). sm_80+ (cp.async); the host selects it on NVIDIA only.
+// H200, bf16, bit-identical to quant_blocks_kernel: kColT 8192 x 14336 174 -> 153 us, 8192 x 4096 54 -> 48; in x's
+// layout 16384 x 7168 177 -> 159.
+template <class T, class F, bool kColT, bool kRowT, int kAct, bool kGrad>
 __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char* q_row, float* s_row,
                                                                    unsigned char* q_col, float* s_col, const T* x,
-                                                                   int rows, int cols) {
+                                                                   int rows, int cols, const void* g) {
 #if ROCJIT_NVIDIA
     constexpr int kSteps = kQuantBlock / kSlots;
+    constexpr int kOps = kGrad ? 2 : 1;         // operands in the ring: x (and g)
     static_assert(sizeof(chunk_t<T>) == 16, "16-byte chunks");
     grid_dependency_sync();
     __shared__ quant_blocks_smem<kColT> sm;
@@ -312,16 +382,22 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
     const int ct = (cols + kQuantBlock - 1) / kQuantBlock, rt = (rows + kQuantBlock - 1) / kQuantBlock;
     const int tiles = ct * rt;
     const int lane = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
-    auto chunk_at = [&](int buf, int s) { return ring + ((buf * kQuantBlock + slot * kSteps + s) * kLanes + lane) * 16; };
+    auto chunk_at = [&](int buf, int op, int s) {
+        return ring + (((buf * kOps + op) * kQuantBlock + slot * kSteps + s) * kLanes + lane) * 16;
+    };
     auto prefetch = [&](int b, int buf) {       // tile b's chunks of this thread -> ring buffer buf (zeros past x)
         int r, c;
         grouped_tile(b, ct, rt, r, c);
         const int pc = c * kQuantBlock + lane * kChunk, pr = r * kQuantBlock + slot * kSteps;
 #pragma unroll
-        for (int s = 0; s < kSteps; ++s) {
-            const bool valid = pr + s < rows && pc < cols;
-            const T* src = valid ? x + (long long)(pr + s) * cols + pc : x;
-            mma8::copy16(chunk_at(buf, s), src, valid);
+        for (int op = 0; op < kOps; ++op) {
+            const T* src0 = op == 0 ? x : static_cast<const T*>(g);
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) {
+                const bool valid = pr + s < rows && pc < cols;
+                const T* src = valid ? src0 + (long long)(pr + s) * cols + pc : src0;
+                mma8::copy16(chunk_at(buf, op, s), src, valid);
+            }
         }
         mma8::copy_commit();
     };
@@ -336,7 +412,10 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
         }
         chunk_t<T> h[kSteps];
 #pragma unroll
-        for (int s = 0; s < kSteps; ++s) h[s] = *reinterpret_cast<const chunk_t<T>*>(chunk_at(it & 1, s));
+        for (int s = 0; s < kSteps; ++s) {
+            h[s] = *reinterpret_cast<const chunk_t<T>*>(chunk_at(it & 1, 0, s));
+            activate_chunk<T, kAct, kGrad>(h[s], *reinterpret_cast<const chunk_t<T>*>(chunk_at(it & 1, kOps - 1, s)));
+        }
         int r, c;
         grouped_tile(b, ct, rt, r, c);
         quant_tile<T, F, kRowBlocks | kColBlocks, kQuantBlock, true, kColT, kRowT>(h, r, c, q_row, s_row, q_col, s_col,
@@ -344,7 +423,7 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
         __syncthreads();                        // the next tile's maxima and staging reuse sm
     }
 #else
-    (void)q_row; (void)s_row; (void)q_col; (void)s_col; (void)x; (void)rows; (void)cols;
+    (void)q_row; (void)s_row; (void)q_col; (void)s_col; (void)x; (void)rows; (void)cols; (void)g;
     unsupported_on_target();   // its 64 KB ring plus 24 KB exceed gfx90a / gfx942 LDS: the host selects it on NVIDIA only
 #endif
 }
@@ -353,14 +432,21 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
 // rocjit:check quant_rows_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 1, 256, 256, 2, true>
 // rocjit:check quant_rows_kernel<__half, rocjit::e4m3fn, 3, 256, 256, 2, false>
 // rocjit:check amax_kernel<__hip_bfloat16, 512, true>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 32, true, false, false>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, false, false>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 2, 128, true, false, false>
-// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fn, 4, 128, false, false, false>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true, false>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true, true>
-// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fnuz, 3, 128, false, false, true>
-// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 12, 128, false, true, false>
-// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, true, true>
-// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, false, true>
-// rocjit:check quant_dual_stream_kernel<__half, rocjit::e4m3fnuz, true, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 32, true, false, false, 0, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, false, false, 0, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 2, 128, true, false, false, 0, false>
+// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fn, 4, 128, false, false, false, 0, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true, false, 0, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true, true, 0, false>
+// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fnuz, 3, 128, false, false, true, 0, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fnuz, 12, 128, false, true, false, 0, false>
+// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, true, true, 0, false>
+// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, false, true, 0, false>
+// rocjit:check quant_dual_stream_kernel<__half, rocjit::e4m3fnuz, true, true, 0, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, true, true, 1, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, false, true, true, 2, true>
+// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fnuz, 3, 128, false, false, true, 3, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 3, 128, true, false, true, 4, false>
+// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, true, true, 1, false>
+// rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, true, true, 1, true>
+// rocjit:check quant_dual_stream_kernel<__half, rocjit::e4m3fn, false, true, 3, true>

@@ -11,6 +11,15 @@ Per step (the DeepSeek-V3 recipe, through rocjit.ops.gemm_fp8_blockwise):
 - wgrad (TN):    dW = dy^T x, both operands scaled 1 x 128 along tokens.
 Only FP8 copies are saved for backward (no bf16 activation). Master weights and gradients stay in the
 parameter's dtype (bfloat16 by default). Inputs must be float16 / bfloat16 (the quantizers' inputs).
+
+`FP8MLP` is Linear -> activation -> Linear (GELU, tanh-GELU, SiLU or ReLU) in one autograd function, with the
+activation fused into the quantizers (quantize_fp8_dual(activation=...)): the forward quantizes act(z) straight
+from the first GEMM's output z, and the backward quantizes grad_h * act'(z) straight from the second GEMM's dgrad,
+so neither act(z) nor its gradient is ever written in bf16 and no separate activation kernel runs. It saves z
+(bf16) for the backward, as torch's activation saves its input.
+
+    mlp = rocjit.nn.FP8MLP(4096, 14336, activation="gelu", bias=False)
+    mlp = rocjit.nn.FP8MLP.from_sequential(torch.nn.Sequential(fc1, torch.nn.GELU(), fc2))
 """
 from __future__ import annotations
 
@@ -19,11 +28,21 @@ import math
 import torch
 
 from rocjit.ops.gemm_fp8 import gemm_fp8_blockwise
-from rocjit.ops.quant import quantize_fp8_dual, quantize_fp8_weight
+from rocjit.ops.quant import ACTIVATIONS, quantize_fp8_dual, quantize_fp8_weight
 
 
 def _half(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.bfloat16, torch.float16) else t.to(torch.bfloat16)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as a contiguous [rows, features] matrix."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.is_contiguous() else t2.contiguous()
+
+
+def _wgrad_dtype(wdtype):
+    return wdtype if wdtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
 
 
 class _FP8LinearFunction(torch.autograd.Function):
@@ -32,9 +51,7 @@ class _FP8LinearFunction(torch.autograd.Function):
         if x.dtype not in (torch.bfloat16, torch.float16):
             raise TypeError(f"FP8Linear: input must be bfloat16 or float16, got {x.dtype}")
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if not x2.is_contiguous():
-            x2 = x2.contiguous()
+        x2 = _rows(x)
         xq, xs, xq_t, xs_t = quantize_fp8_dual(x2, transpose_col=True)
         wq, ws, wq_t = quantize_fp8_weight(_half(weight).contiguous(), transposed=True)
         y = gemm_fp8_blockwise(xq, xs, wq, ws, layout="NT", out_dtype=x.dtype)
@@ -49,10 +66,7 @@ class _FP8LinearFunction(torch.autograd.Function):
     def backward(ctx, gy):
         xq_t, xs_t, wq_t, ws = ctx.saved_tensors
         shape, wdtype, bdtype = ctx.shapes
-        n_out = gy.shape[-1]
-        g2 = _half(gy).reshape(-1, n_out)
-        if not g2.is_contiguous():
-            g2 = g2.contiguous()
+        g2 = _rows(_half(gy))
         gq, gs, gq_t, gs_t = quantize_fp8_dual(g2, transpose_col=True)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
@@ -60,8 +74,7 @@ class _FP8LinearFunction(torch.autograd.Function):
             gx = gemm_fp8_blockwise(gq, gs, wq_t.t(), ws, layout="NN", out_dtype=g2.dtype).reshape(shape)
         if ctx.needs_input_grad[1]:
             # wgrad TN: a = dy as [K = tokens, M = N_out], b = x as [K = tokens, N = K_in], both K-major copies
-            gw = gemm_fp8_blockwise(gq_t.t(), gs_t.t(), xq_t.t(), xs_t.t(), layout="TN", out_dtype=wdtype
-                                    if wdtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32)
+            gw = gemm_fp8_blockwise(gq_t.t(), gs_t.t(), xq_t.t(), xs_t.t(), layout="TN", out_dtype=_wgrad_dtype(wdtype))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.float().sum(0).to(bdtype)
         return gx, gw, gb
@@ -104,3 +117,130 @@ class FP8Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp8=blockwise"
+
+
+def _activation_backward(activation: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """grad * act'(z) in torch (the bias gradient of the first Linear needs it in bf16)."""
+    if activation in ("gelu", "gelu_tanh"):
+        return torch.ops.aten.gelu_backward(grad, z, approximate="tanh" if activation == "gelu_tanh" else "none")
+    if activation == "silu":
+        return torch.ops.aten.silu_backward(grad, z)
+    return grad * (z > 0).to(grad.dtype)
+
+
+class _FP8MLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, activation):
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"FP8MLP: input must be bfloat16 or float16, got {x.dtype}")
+        if x.shape[-1] != w1.shape[1]:
+            raise ValueError(f"FP8MLP: input's last dimension must be in_features = {w1.shape[1]}, got shape "
+                             f"{tuple(x.shape)}")
+        shape = x.shape
+        x2 = _rows(x)
+        xq, xs, xq_t, xs_t = quantize_fp8_dual(x2, transpose_col=True)
+        w1q, w1s, w1q_t = quantize_fp8_weight(_half(w1).contiguous(), transposed=True)
+        z = gemm_fp8_blockwise(xq, xs, w1q, w1s, layout="NT", out_dtype=x.dtype)
+        if b1 is not None:
+            z.add_(b1.to(z.dtype))
+        hq, hs, hq_t, hs_t = quantize_fp8_dual(z, transpose_col=True, activation=activation)
+        w2q, w2s, w2q_t = quantize_fp8_weight(_half(w2).contiguous(), transposed=True)
+        y = gemm_fp8_blockwise(hq, hs, w2q, w2s, layout="NT", out_dtype=x.dtype)
+        if b2 is not None:
+            y.add_(b2.to(y.dtype))
+        ctx.save_for_backward(xq_t, xs_t, w1q_t, w1s, z, hq_t, hs_t, w2q_t, w2s)
+        ctx.activation = activation
+        ctx.meta = (shape, w1.dtype, w2.dtype, None if b1 is None else b1.dtype, None if b2 is None else b2.dtype)
+        return y.reshape(*shape[:-1], w2.shape[0])
+
+    @staticmethod
+    def backward(ctx, gy):
+        xq_t, xs_t, w1q_t, w1s, z, hq_t, hs_t, w2q_t, w2s = ctx.saved_tensors
+        shape, w1dtype, w2dtype, b1dtype, b2dtype = ctx.meta
+        need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
+        g2 = _rows(gy.to(z.dtype))
+        gx = gw1 = gb1 = gw2 = gb2 = None
+        gq, gs, gq_t, gs_t = quantize_fp8_dual(g2, transpose_col=True)
+        if need_w2:     # wgrad of the second Linear (TN): dy^T h, both K-major (tokens) copies
+            gw2 = gemm_fp8_blockwise(gq_t.t(), gs_t.t(), hq_t.t(), hs_t.t(), layout="TN", out_dtype=_wgrad_dtype(w2dtype))
+        if need_b2:
+            gb2 = g2.float().sum(0).to(b2dtype)
+        if need_x or need_w1 or need_b1:
+            # dgrad of the second Linear (NN), then the activation's backward fused into its quantization
+            gh = gemm_fp8_blockwise(gq, gs, w2q_t.t(), w2s, layout="NN", out_dtype=z.dtype)
+            zq, zs, zq_t, zs_t = quantize_fp8_dual(z, transpose_col=True, activation=ctx.activation, grad=gh)
+            if need_x:
+                gx = gemm_fp8_blockwise(zq, zs, w1q_t.t(), w1s, layout="NN", out_dtype=z.dtype).reshape(shape)
+            if need_w1:
+                gw1 = gemm_fp8_blockwise(zq_t.t(), zs_t.t(), xq_t.t(), xs_t.t(), layout="TN",
+                                         out_dtype=_wgrad_dtype(w1dtype))
+            if need_b1:
+                gb1 = _activation_backward(ctx.activation, gh, z).float().sum(0).to(b1dtype)
+        return gx, gw1, gb1, gw2, gb2, None
+
+
+def fp8_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: torch.Tensor | None = None,
+            b2: torch.Tensor | None = None, activation: str = "gelu") -> torch.Tensor:
+    """act(x W1^T + b1) W2^T + b2 with blockwise FP8 GEMMs and the activation fused into the quantizers
+    (see the module docstring); activation: "gelu", "gelu_tanh", "silu" or "relu"."""
+    if activation is None or activation not in ACTIVATIONS:
+        allowed = ", ".join(repr(a) for a in ACTIVATIONS if a is not None)
+        raise ValueError(f"fp8_mlp: activation must be one of {allowed}, got {activation!r}")
+    if w2.shape[1] != w1.shape[0]:
+        raise ValueError(f"fp8_mlp: w2 must be [out_features, {w1.shape[0]}] (w1's out_features), got "
+                         f"{tuple(w2.shape)}")
+    return _FP8MLPFunction.apply(x, w1, b1, w2, b2, activation)
+
+
+# torch modules -> the activation names of quantize_fp8_dual
+def _activation_of(module: torch.nn.Module) -> str:
+    if isinstance(module, torch.nn.GELU):
+        return "gelu_tanh" if module.approximate == "tanh" else "gelu"
+    if isinstance(module, torch.nn.SiLU):
+        return "silu"
+    if isinstance(module, torch.nn.ReLU):
+        return "relu"
+    raise ValueError(f"FP8MLP: the activation must be torch.nn.GELU, SiLU or ReLU, got {type(module).__name__}")
+
+
+class FP8MLP(torch.nn.Module):
+    """Linear(in, hidden) -> activation -> Linear(hidden, out) with blockwise FP8 GEMMs and the activation fused
+    into the quantizers. Parameters as two FP8Linear submodules, fc1 and fc2 (state-dict keys fc1.weight, ...)."""
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None, bias: bool = True,
+                 activation: str = "gelu", device=None, dtype=torch.bfloat16):
+        super().__init__()
+        if activation is None or activation not in ACTIVATIONS:
+            allowed = ", ".join(repr(a) for a in ACTIVATIONS if a is not None)
+            raise ValueError(f"FP8MLP: activation must be one of {allowed}, got {activation!r}")
+        self.activation = activation
+        out_features = in_features if out_features is None else out_features
+        self.fc1 = FP8Linear(in_features, hidden_features, bias, device=device, dtype=dtype)
+        self.fc2 = FP8Linear(hidden_features, out_features, bias, device=device, dtype=dtype)
+
+    @classmethod
+    def from_linears(cls, fc1: torch.nn.Linear, fc2: torch.nn.Linear, activation: str = "gelu") -> "FP8MLP":
+        """The same parameters (copied) as fc1 -> activation -> fc2."""
+        if fc2.in_features != fc1.out_features:
+            raise ValueError(f"FP8MLP: fc2.in_features ({fc2.in_features}) must equal fc1.out_features "
+                             f"({fc1.out_features})")
+        if (fc1.bias is None) != (fc2.bias is None):
+            raise ValueError("FP8MLP: fc1 and fc2 must both have a bias or both have none")
+        m = cls(fc1.in_features, fc1.out_features, fc2.out_features, fc1.bias is not None, activation,
+                device=fc1.weight.device, dtype=fc1.weight.dtype)
+        m.fc1 = FP8Linear.from_linear(fc1)
+        m.fc2 = FP8Linear.from_linear(fc2)
+        return m
+
+    @classmethod
+    def from_sequential(cls, seq: torch.nn.Sequential) -> "FP8MLP":
+        """From torch.nn.Sequential(Linear, GELU / SiLU / ReLU, Linear)."""
+        if len(seq) != 3 or not isinstance(seq[0], torch.nn.Linear) or not isinstance(seq[2], torch.nn.Linear):
+            raise ValueError(f"FP8MLP.from_sequential: expected Sequential(Linear, activation, Linear), got {seq}")
+        return cls.from_linears(seq[0], seq[2], _activation_of(seq[1]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_mlp(x, self.fc1.weight, self.fc2.weight, self.fc1.bias, self.fc2.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}, fp8=blockwise, activation fused into the quantizers"

@@ -53,6 +53,31 @@ def test_quantizer_custom_ops_check_their_arguments():
     _raises("x must be 2-D", torch.ops.rocjit.quantize_fp8_weight, torch.randn(2, 4, 128).to(bf16), "e4m3fn",
             False)
     _raises("x must have dtype", torch.ops.rocjit.quantize_fp8_dual, torch.randn(4, 128), "e4m3fn", False)
+    x = torch.randn(4, 128).to(bf16)
+    dual = torch.ops.rocjit.quantize_fp8_dual
+    _raises("activation must be one of", dual, x, "e4m3fn", False, "tanh", None)
+    _raises("grad= is the upstream gradient", dual, x, "e4m3fn", False, None, x.clone())
+    _raises("grad must have shape", dual, x, "e4m3fn", False, "gelu", torch.randn(4, 64).to(bf16))
+    _raises("grad must have dtype", dual, x, "e4m3fn", False, "silu", torch.randn(4, 128))
+    _raises("grad must be contiguous", dual, x, "e4m3fn", False, "relu", _noncontig(4, 128))
+
+
+def test_fp8_mlp_checks_its_arguments():
+    from rocjit import nn as rnn
+    with pytest.raises(ValueError, match="activation must be one of"):
+        rnn.FP8MLP(64, 128, activation="tanh")
+    with pytest.raises(ValueError, match="activation must be torch.nn.GELU, SiLU or ReLU"):
+        rnn.FP8MLP.from_sequential(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(),
+                                                       torch.nn.Linear(128, 64)))
+    with pytest.raises(ValueError, match="fc2.in_features"):
+        rnn.FP8MLP.from_linears(torch.nn.Linear(64, 128), torch.nn.Linear(96, 64))
+    m = rnn.FP8MLP.from_sequential(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU("tanh"),
+                                                       torch.nn.Linear(128, 32)))
+    assert m.activation == "gelu_tanh" and m.fc2.weight.shape == (32, 128)
+    with pytest.raises(ValueError, match="in_features = 64"):
+        m(torch.randn(3, 48).to(bf16))
+    with pytest.raises(TypeError, match="input must be bfloat16 or float16"):
+        m(torch.randn(3, 64))
 
 
 def test_skinny_custom_ops_check_their_arguments():

@@ -6,8 +6,8 @@ cuBLASLt computes the blockwise product only with K-major operands, so its timin
 shape (each of our layouts gets its operands K-major from the quantizers, as the FP8 Linear does); TN (wgrad) also
 has cuBLASLt's peer for its own recipe, 1 x 128 scales on both operands (cublaslt_blockwise_1x128_1x128), its
 operands quantized as FP8Linear's backward quantizes them.
-Plus the training-step row: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear vs
-bf16 torch.nn.Linear. Every product is timed as CUDA-graph replays, so the rows are GPU time: events around eager
+Plus the training-step rows: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear (with
+torch's GELU between) and rocjit.nn.FP8MLP (the GELU fused into the quantizers) vs bf16 torch.nn.Linear. Every product is timed as CUDA-graph replays, so the rows are GPU time: events around eager
 calls timed the op's Python launch path wherever it outlasted the kernel (an H200 host that launched slowly read the
 op at 147 us for a 116 us kernel at 4096^3). Shapes > 256 rows are timed in rounds that take every
 implementation of the shape in turn (the order reversed every other round; each one's median over the rounds):
@@ -24,7 +24,9 @@ The host_cost row is the host's side: µs per repeated eager call (no synchroniz
 enough that the launch queue never fills) of the op, cuBLASLt blockwise and bf16 torch.matmul at 128 x 2112 x 7168.
 On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT
 products of >= 128 rows, its output compared with the op's, as rows gemm_fp8_blockwise_NT_wgmma_<config> (the op
-offers these configs to its tuner there unless ROCJIT_GEMM_FP8_SM90=0; the rows show each tile on its own)."""
+offers these configs to its tuner there unless ROCJIT_GEMM_FP8_SM90=0; the rows show each tile on its own).
+--only large,decode,step runs some of the parts (the M = 4096 and square products; the decode products; the host
+cost and training-step rows), for GPUs that run the whole suite in more time than one sitting allows."""
 
 import statistics
 
@@ -118,11 +120,27 @@ def _host_cost(result, torch, Q, op, lt):
     print(row, flush=True)
 
 
+PARTS = ("large", "decode", "step")
+
+
+def _args(argv):
+    import argparse
+    ap = argparse.ArgumentParser(prog="rocjit bench gemm_fp8")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
+    a = ap.parse_args(argv)
+    parts = {p.strip() for p in a.only.split(",") if p.strip()}
+    if not parts or parts - set(PARTS):
+        ap.error(f"--only takes parts of {', '.join(PARTS)}, got {a.only!r}")
+    return a.quick, parts
+
+
 def run(argv) -> dict:
     import torch
     from rocjit.ops import quant as Q
     from rocjit.ops.gemm_fp8 import gemm_fp8_blockwise
-    quick = H.quick(argv)
+    quick, parts = _args(argv)
     ceil = H.measure_ceilings(matmul=True, fp8=True)
     result = H.new_result("gemm_fp8", ceil)
     peak = ceil.get("fp8_matmul_TFLOPs")
@@ -130,10 +148,12 @@ def run(argv) -> dict:
     lt = _cublaslt(torch)
     result["ceilings"]["cublaslt_blockwise"] = "present" if lt else f"absent (torch {torch.__version__})"
 
+    if parts != set(PARTS):
+        result.setdefault("notes", []).append(f"parts run: {', '.join(p for p in PARTS if p in parts)}")
     cases = [(m, m, m) for m in (SQUARE[:1] if quick else SQUARE)]
     cases += [(4096, n, k) for n, k in (DEEPSEEK[:2] if quick else DEEPSEEK)]
     decode = [(m, n, k) for n, k in (DECODE_NK[:1] if quick else DECODE_NK) for m in ((1, 32, 128) if quick else DECODE_M)]
-    for M, N, K in cases + decode:
+    for M, N, K in (cases if "large" in parts else []) + (decode if "decode" in parts else []):
         x, w, xq, xs, wq, ws, wq_t = _operands(M, N, K, torch, Q)
         flops = 2.0 * M * N * K
         qsets, wts = _weight_sets(w, wq, ws, M, N, K)
@@ -193,8 +213,9 @@ def run(argv) -> dict:
             print(row, flush=True)
         torch.cuda.empty_cache()
 
-    _host_cost(result, torch, Q, gemm_fp8_blockwise, lt)
-    _training_step(result, quick, torch)
+    if "step" in parts:
+        _host_cost(result, torch, Q, gemm_fp8_blockwise, lt)
+        _training_step(result, quick, torch)
     return result
 
 
@@ -272,14 +293,15 @@ def _wgmma_rows(result, xq, xs, qsets, M, N, K, op_nt, torch):
 
 
 def _training_step(result, quick, torch):
-    """forward + backward of Linear(D, F) -> GELU -> Linear(F, D) on T tokens: FP8Linear vs nn.Linear (bf16), in
-    alternating rounds."""
-    from rocjit.nn import FP8Linear
+    """forward + backward of Linear(D, F) -> GELU -> Linear(F, D) on T tokens: FP8Linear (torch's GELU between) and
+    FP8MLP (the GELU fused into the quantizers) vs nn.Linear (bf16), in rounds that take the three in turn."""
+    from rocjit.nn import FP8Linear, FP8MLP
     T, D, F = (4096, 2048, 8192) if quick else (8192, 4096, 14336)
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(D, F, bias=False), torch.nn.GELU(),
                               torch.nn.Linear(F, D, bias=False)).cuda().to(torch.bfloat16)
     fp8 = torch.nn.Sequential(FP8Linear.from_linear(ref[0]), torch.nn.GELU(), FP8Linear.from_linear(ref[2]))
+    fused = FP8MLP.from_sequential(ref)
     x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     gy = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
 
@@ -289,16 +311,18 @@ def _training_step(result, quick, torch):
             y.backward(gy)
         return f
 
-    # ROUNDS alternating rounds, median of each, as the GEMM rows: timed once each, fp8 then bf16, the bf16 step read
-    # 8814 us in one H200 run and 7870 in the next on the same code
-    models = (("fp8", fp8), ("bf16", ref))
+    # ROUNDS rounds, median of each, as the GEMM rows: timed once each, fp8 then bf16, the bf16 step read 8814 us in
+    # one H200 run and 7870 in the next on the same code
+    models = (("fp8", fp8), ("fp8_mlp", fused), ("bf16", ref))
     runs = {name: [] for name, _ in models}
     for r in range(1 if quick else ROUNDS):
         for name, m in (models if r % 2 == 0 else models[::-1]):
             runs[name].append(H.time_events(step(m), warmup=3, reps=10))
     times = {name: statistics.median(v) for name, v in runs.items()}
     flops = 3 * 2 * 2.0 * T * D * F
-    row = H.add_row(result, "mlp_train_step", (T, D, F), "fp8-blockwise vs bf16", times["fp8"],
-                    {"torch_linear_bf16": times["bf16"]}, None, timing="events", tflops=flops / times["fp8"] / 1e6,
-                    peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6}, rounds_us=runs)
-    print(row, flush=True)
+    for case, name in (("mlp_train_step", "fp8"), ("mlp_train_step_fused_act", "fp8_mlp")):
+        row = H.add_row(result, case, (T, D, F), "fp8-blockwise vs bf16", times[name],
+                        {"torch_linear_bf16": times["bf16"]}, None, timing="events", tflops=flops / times[name] / 1e6,
+                        peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6},
+                        rounds_us={name: runs[name], "bf16": runs["bf16"]})
+        print(row, flush=True)

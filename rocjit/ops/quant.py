@@ -13,6 +13,8 @@ s = amax / fp8 max (as in Primus-Turbo / DeepSeek-V3).
     q_row, s_row, q_colT, s_colT = quantize_fp8_dual(x, transpose_col=True)
                                                            # column blocks stored transposed: q_colT [K, M],
                                                            # s_colT [K, ceil(M/128)] (K-major for wgrad)
+    ... = quantize_fp8_dual(z, activation="gelu")          # of gelu(z), the activation fused into the read
+    ... = quantize_fp8_dual(z, activation="gelu", grad=g)  # of g * gelu'(z), the activation's backward
 x is [..., K] (2-D for the weight and dual forms), float16 or bfloat16, contiguous.
 """
 from typing import Optional
@@ -26,6 +28,9 @@ BLOCK = 128
 _SRC = "quant_fp8.hip"
 _ROW_BLOCKS, _COL_BLOCKS, _TILE, _TILE_COL = 1, 2, 4, 8
 _STREAM_RING = 2 * BLOCK * BLOCK * 2    # quant_dual_stream_kernel's dynamic shared memory: 2 tiles of 16-bit x
+# the activations quantize_fp8_dual fuses (kAct of quant_fp8.hip), computed as torch computes them:
+# gelu = torch.nn.functional.gelu, gelu_tanh = gelu(approximate="tanh"), silu, relu
+ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
 
 
 def _kernel(name):
@@ -94,30 +99,35 @@ def _quantize(call, x, scale, mode, fmt, q=None, s=None):
     return q, s
 
 
-def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False, row_t=False):
+def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False, row_t=False, act=None, grad=None):
     """Launch quant_blocks_kernel on a contiguous x read as [M, K]; col_t: q_col (and s_col) stored transposed;
-    row_t: s_row (row blocks) stored M-major, [ceil(K/128), M]. The dual quantization (both row and column blocks) on
-    aligned operands runs quant_dual_stream_kernel on NVIDIA sm_80+ (the same outputs)."""
+    row_t: s_row (row blocks) stored M-major, [ceil(K/128), M]; act (an ACTIVATIONS key): quantize act(x), or with
+    grad (x's shape, dtype and device, contiguous) grad * act'(x). The dual quantization (both row and column blocks)
+    on aligned operands runs quant_dual_stream_kernel on NVIDIA sm_80+ (the same outputs)."""
     dev = x.device.index or 0
     dummy = call.const(C.dummy_f32(dev))
     tile_rows = BLOCK if kmode & (_COL_BLOCKS | _TILE) else (16 if M <= 2048 else 64)
     outs = [t for t in (q_row, q_col) if t is not None]
-    is_aligned = K % 8 == 0 and C.aligned(x) and C.aligned(*outs, to=8)
+    is_aligned = K % 8 == 0 and C.aligned(x) and C.aligned(*outs, to=8) and (grad is None or C.aligned(grad))
+    fused = f"{ACTIVATIONS[act]}, {C.cbool(grad is not None)}"
     if col_t:                   # the transposed rows (length M) leave as 16-byte stores
         is_aligned = is_aligned and M % 16 == 0 and C.aligned(q_col)
     args = (q_row if q_row is not None else q_col, s_row if s_row is not None else dummy,
-            q_col if q_col is not None else q_row, s_col if s_col is not None else dummy, x, M, K)
+            q_col if q_col is not None else q_row, s_col if s_col is not None else dummy, x, M, K,
+            grad if grad is not None else dummy)
     tiles = (C.ceil_div(K, BLOCK), C.ceil_div(M, tile_rows))
     if kmode == _ROW_BLOCKS | _COL_BLOCKS and is_aligned:
         target, _, sms = _gemm._device(dev)
         if target.startswith("sm_") and targets.nvidia_arch(target) >= 80:     # cp.async
-            # the streamed dual kernel: two persistent blocks per multiprocessor, each with a 64 KB ring of x
+            # the streamed dual kernel: two persistent blocks per multiprocessor, each with a 64 KB ring of x; with
+            # grad, one per multiprocessor, its ring holding x and grad (128 KB)
             name = (f"quant_dual_stream_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {C.cbool(col_t)}, "
-                    f"{C.cbool(row_t)}>")
-            call.launch(_kernel(name), min(tiles[0] * tiles[1], 2 * sms), 256, *args, shared_mem=_STREAM_RING)
+                    f"{C.cbool(row_t)}, {fused}>")
+            per_sm, ring = (1, 2 * _STREAM_RING) if grad is not None else (2, _STREAM_RING)
+            call.launch(_kernel(name), min(tiles[0] * tiles[1], per_sm * sms), 256, *args, shared_mem=ring)
             return
     name = (f"quant_blocks_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {kmode}, {tile_rows}, "
-            f"{C.cbool(is_aligned)}, {C.cbool(col_t)}, {C.cbool(row_t)}>")
+            f"{C.cbool(is_aligned)}, {C.cbool(col_t)}, {C.cbool(row_t)}, {fused}>")
     call.launch(_kernel(name), tiles, 256, *args)
 
 
@@ -132,11 +142,12 @@ def _weight(call, w, fmt, transposed=False):
     return (q, s, q_t) if transposed else (q, s)
 
 
-def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_col=False):
+def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_col=False, act=None, grad=None):
     """kmode selects row blocks, column blocks or both (the benchmark's separate launches use one each);
     transpose_col stores the column-block output transposed: q_col [K, M], and returns s_col as [K, ceil(M/128)],
     a transposed view of its [ceil(M/128), K] memory. s_row is always the transposed view [M, ceil(K/128)] of
-    [ceil(K/128), M] memory (views that an eager plan makes again from its outputs: Call.view)."""
+    [ceil(K/128), M] memory (views that an eager plan makes again from its outputs: Call.view). act / grad: the
+    fused activation (see _blocks; checked by the caller)."""
     tm = C.torch()
     M, K = x.shape
     f8 = C.fp8_torch_dtype(fmt)
@@ -146,7 +157,8 @@ def _dual(x, fmt, kmode=_ROW_BLOCKS | _COL_BLOCKS, call=UNRECORDED, transpose_co
     q_col = call.empty((K, M) if transpose_col else x.shape, f8, x.device) if col else None
     s_col = call.empty((C.ceil_div(M, BLOCK), K), tm.float32, x.device) if col else None
     if M and K:
-        _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=transpose_col and bool(col), row_t=True)
+        _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=transpose_col and bool(col), row_t=True,
+                act=act, grad=grad)
     t = tm.Tensor.t
     return (q_row, call.view(t, s_row) if s_row is not None else None, q_col,
             call.view(t, s_col) if transpose_col and col else s_col)
@@ -196,11 +208,13 @@ def _dual_op():
     tm = C.torch()
     Tensor = tm.Tensor
 
-    def impl(x: Tensor, fmt: str, transpose_col: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def impl(x: Tensor, fmt: str, transpose_col: bool, activation: Optional[str] = None,
+             grad: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        _check_activation("quantize_fp8_dual", x, activation, grad)
         _check_x("quantize_fp8_dual", x, two_d=True, fmt=fmt)
-        return _dual(x, fmt, transpose_col=transpose_col)
+        return _dual(x, fmt, transpose_col=transpose_col, act=activation, grad=grad)
 
-    def fake(x, fmt, transpose_col):
+    def fake(x, fmt, transpose_col, activation=None, grad=None):
         M, K = x.shape
         f8 = C.fp8_torch_dtype(fmt)
         kt = (K, M) if transpose_col else (M, K)
@@ -264,17 +278,38 @@ def quantize_fp8_weight(call, w, *, block=BLOCK, fp8_format=None, transposed=Fal
     return call.done(C.convert_outputs(_weight(call, wt, fmt, transposed), fw))
 
 
-@op(roles="TOOO", sources=(_SRC,), bench="quant", custom_op=_dual_op)
-def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=False):
+def _check_activation(op, xt, activation, grad):
+    """activation is one of ACTIVATIONS; grad (with an activation only) is a tensor like x."""
+    if activation not in ACTIVATIONS:
+        allowed = ", ".join(repr(a) for a in ACTIVATIONS)
+        raise ValueError(f"{op}: activation must be one of {allowed}, got {activation!r}")
+    if grad is not None:
+        if activation is None:
+            raise ValueError(f"{op}: grad= is the upstream gradient of an activation's backward; it needs activation=")
+        C.check_tensor(op, "grad", grad, dtypes=(xt.dtype,), shape=xt.shape, device=xt.device)
+
+
+@op(roles="TOOOOT", sources=(_SRC,), bench="quant", custom_op=_dual_op)
+def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=False, activation=None, grad=None):
     """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read.
     s_row [M, ceil(K/128)] is M-major (a transposed view, strides (1, M)): each K block's scales of consecutive rows
     lie together, the layout cuBLASLt's blockwise GEMM takes and the one gemm_fp8_blockwise's TMA kernel copies
     with one bulk copy per K block (any other layout costs the GEMM a copy). transpose_col=True stores the
     column-block output transposed, q_col [K, M], and returns s_col [K, ceil(M/128)] as a transposed view (strides
     (1, K)): the K-major operand, with its 1 x 128 scales along M, of a GEMM that reduces over M (wgrad), whose
-    per-row scales it reads one contiguous block row at a time."""
-    xt, fw, fmt = _prepare("quantize_fp8_dual", x, fp8_format, block, two_d=True)
+    per-row scales it reads one contiguous block row at a time.
+
+    activation= ("gelu", "gelu_tanh", "silu" or "relu") quantizes act(x) instead of x, the activation computed in
+    fp32 and rounded to x's dtype in the same read (an MLP's activation fused into the quantization of its output);
+    with grad= (the upstream gradient, x's shape and dtype, contiguous) it quantizes grad * act'(x), the activation's
+    backward with x its input. Formulas as torch's (gelu's default is the erf form; gelu_tanh its tanh form)."""
+    name = "quantize_fp8_dual"
+    xt, fw, fmt = _prepare(name, x, fp8_format, block, two_d=True)
     transpose_col = bool(transpose_col)
+    gt = C.torch_or_none(grad, "grad", name)
+    _check_activation(name, xt, activation, gt)
     if C.compiling():
-        return C.convert_outputs(tuple(quantize_fp8_dual.__rocjit_op__.torch_op()(xt, fmt, transpose_col)), fw)
-    return call.done(C.convert_outputs(_dual(xt, fmt, call=call, transpose_col=transpose_col), fw))
+        res = quantize_fp8_dual.__rocjit_op__.torch_op()(xt, fmt, transpose_col, activation, gt)
+        return C.convert_outputs(tuple(res), fw)
+    return call.done(C.convert_outputs(_dual(xt, fmt, call=call, transpose_col=transpose_col, act=activation,
+                                             grad=gt), fw))

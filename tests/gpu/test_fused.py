@@ -1,5 +1,7 @@
 """Fused RMSNorm / SwiGLU / FP8 quantization on the GPU against float64 references (random data, poisoned
 outputs, every element checked)."""
+import math
+
 import numpy as np
 import pytest
 
@@ -316,6 +318,87 @@ def test_quantize_dual_large_with_tails(shape, transpose_col, fmt):
     assert np.allclose(f64(s_col), sc, rtol=1e-6, atol=0)
     check_fp8(q_row, a / f64(s_row).repeat(128, axis=1)[:, :K], fmt)
     check_fp8(q_col, a / f64(s_col).repeat(128, axis=0)[:M], fmt)
+
+
+def _act64(name, z, g=None):
+    """float64 activation (g given: g * act'(z)), the formulas torch's kernels use."""
+    s2 = math.sqrt(2.0)
+    if name == "gelu":
+        cdf = 0.5 * (1 + torch.erf(z / s2))
+        return z * cdf if g is None else g * (cdf + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+    if name == "gelu_tanh":
+        k, c = math.sqrt(2 / math.pi), 0.044715
+        t = torch.tanh(k * (z + c * z ** 3))
+        return 0.5 * z * (1 + t) if g is None else g * (0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k * (1 + 3 * c * z * z))
+    if name == "silu":
+        sig = torch.sigmoid(z)
+        return z * sig if g is None else g * sig * (1 + z * (1 - sig))
+    return z.clamp_min(0) if g is None else g * (z > 0).double()
+
+
+def _dirty_allocator():
+    """Fill blocks of torch's caching allocator (both pools) with 0xff and free them: the outputs an op allocates
+    next start as NaN codes / NaN floats, so an element a kernel leaves unwritten fails the checks."""
+    junk = [torch.full((n,), 0xFF, dtype=torch.uint8, device="cuda") for n in [1 << 26] + [1 << 19] * 16]
+    del junk
+
+
+# the activation fused into the dual quantizer (an MLP's act(z) forward, g * act'(z) backward), every activation,
+# against float64 references rounded to x's dtype as the kernel rounds them: the unaligned kernel (K % 8 != 0), the
+# aligned one with M % 16 != 0 (transposed columns take the per-tile kernel), and the streamed kernel (with grad its
+# ring holds both operands) over tails in both dimensions
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu"])
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("shape, dtype, transpose_col", [((300, 1001), torch.bfloat16, True),
+                                                          ((129, 4096), torch.float16, True),
+                                                          ((2096, 1032), torch.bfloat16, True),
+                                                          ((1040, 776), torch.bfloat16, False)])
+def test_quantize_dual_fused_activation(activation, backward, shape, dtype, transpose_col):
+    M, K = shape
+    torch.manual_seed(M * 7 + K)
+    fmt = "e4m3fn"
+    z = rand(shape, dtype, 2.5)
+    g = rand(shape, dtype, 1.5) if backward else None
+    ref = _act64(activation, z.double(), None if g is None else g.double()).to(dtype).double()
+    a = ref.cpu().numpy()
+    m = C.fp8_max(fmt)
+    results = []
+    for _ in range(2):                       # the second call replays the first one's plan
+        _dirty_allocator()
+        out = ops.quantize_fp8_dual(z, fp8_format=fmt, transpose_col=transpose_col, activation=activation, grad=g)
+        results.append(out)
+        q_row, s_row, q_col, s_col = out
+        if transpose_col:
+            assert q_col.shape == (K, M)
+            q_col, s_col = q_col.t(), s_col.t()
+        # fp32 vs float64 activation can round a value to the neighbouring half-precision number: scales to one ulp
+        assert np.allclose(f64(s_row), blocks_ref(a, m, False), rtol=ULP[dtype], atol=0)
+        assert np.allclose(f64(s_col), blocks_ref(a, m, True), rtol=ULP[dtype], atol=0)
+        check_fp8(q_row, a / f64(s_row).repeat(128, axis=1)[:, :K], fmt)
+        check_fp8(q_col, a / f64(s_col).repeat(128, axis=0)[:M], fmt)
+    for first, again in zip(*results):
+        assert torch.equal(first.view(torch.uint8) if first.element_size() == 1 else first,
+                           again.view(torch.uint8) if again.element_size() == 1 else again)
+    if activation == "gelu" and not backward:   # torch's own gelu quantized unfused: the same result
+        plain = ops.quantize_fp8_dual(torch.nn.functional.gelu(z), fp8_format=fmt, transpose_col=transpose_col)
+        diff = (plain[0].view(torch.uint8) != results[0][0].view(torch.uint8)).float().mean().item()
+        assert diff < 1e-3, diff
+
+
+def test_quantize_dual_fused_activation_checks():
+    z = rand((64, 256), torch.bfloat16)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ops.quantize_fp8_dual(z, activation="tanh")
+    with pytest.raises(ValueError, match="needs activation="):
+        ops.quantize_fp8_dual(z, grad=z.clone())
+    with pytest.raises(ValueError, match="grad must have shape"):
+        ops.quantize_fp8_dual(z, activation="gelu", grad=z[:32].clone())
+    with pytest.raises(TypeError, match="grad must have dtype"):
+        ops.quantize_fp8_dual(z, activation="gelu", grad=z.half())
+    # the gradient may be x itself (one object in two places: no plan is recorded, the result is still right)
+    a = _act64("silu", z.double(), z.double()).to(torch.bfloat16).double().cpu().numpy()
+    q_row, s_row, _, _ = ops.quantize_fp8_dual(z, activation="silu", grad=z)
+    check_fp8(q_row, a / f64(s_row).repeat(128, axis=1)[:, :256], "e4m3fn")
 
 
 def test_numpy_inputs_return_numpy():
