@@ -523,7 +523,7 @@ def test_fp8_mlp_forward_backward_against_float64(activation):
     """FP8MLP (the activation fused into the quantizers) against float64 products of the operands as its recipe
     quantizes them: x and act(z) 1 x 128, the weights 128 x 128, the gradients 1 x 128 (and 128 x 1 for wgrad).
     Odd sizes: tokens 200 (wgrad's K tail), hidden 264, out 136."""
-    from rocjit.nn import FP8MLP, _activation_backward
+    from rocjit.nn import FP8MLP
     T, D, Hd, O = 200, 264, 392, 136
     torch.manual_seed(3)
     mlp = FP8MLP(D, Hd, O, bias=True, activation=activation, device="cuda")
@@ -536,25 +536,30 @@ def test_fp8_mlp_forward_backward_against_float64(activation):
     col = lambda q, s: q.double() * s.double().repeat_interleave(128, 0)[:q.shape[0]]  # noqa: E731
     xq, xs, xc, xcs = ops.quantize_fp8_dual(x2)
     w1q, w1s = ops.quantize_fp8_weight(w1)
-    w2q, w2s = ops.quantize_fp8_weight(w2)
-    z_ref = _deq_rows(xq, xs) @ _deq_tiles(w1q, w1s).t() + b1.double()
-    z = z_ref.bfloat16()                 # the bf16 z the layer keeps (checked through y's inputs below)
+    w2q, w2s, w2q_t = ops.quantize_fp8_weight(w2, transposed=True)
+    # each stage against float64 from its actual inputs: the bf16 intermediates (z, the dgrad gh) made as the layer
+    # makes them, each checked against its own float64 product (one bf16 ulp of z moves an fp8 code of act(z))
+    z = ops.gemm_fp8_blockwise(xq, xs, w1q, w1s, layout="NT", out_dtype=torch.bfloat16)
+    _close(z, _deq_rows(xq, xs) @ _deq_tiles(w1q, w1s).t(), torch.bfloat16)
+    z.add_(b1)
     hq, hs, hc, hcs = ops.quantize_fp8_dual(z, activation=activation)
     y_ref = _deq_rows(hq, hs) @ _deq_tiles(w2q, w2s).t() + mlp.fc2.bias.double()
     _close(y.reshape(T, O), y_ref, torch.bfloat16)
     gq, gs, gc, gcs = ops.quantize_fp8_dual(g2)
-    gh_ref = _deq_rows(gq, gs) @ _deq_tiles(w2q, w2s)
     _close(mlp.fc2.weight.grad, col(gc, gcs).t() @ col(hc, hcs), torch.bfloat16)
     torch.testing.assert_close(mlp.fc2.bias.grad.float(), g2.float().sum(0), rtol=1e-2, atol=1e-2)
-    gh = gh_ref.bfloat16()
+    gh = ops.gemm_fp8_blockwise(gq, gs, w2q_t.t(), w2s, layout="NN", out_dtype=torch.bfloat16)
+    _close(gh, _deq_rows(gq, gs) @ _deq_tiles(w2q, w2s), torch.bfloat16)
     zq, zs, zc, zcs = ops.quantize_fp8_dual(z, activation=activation, grad=gh)
     _close(x.grad.reshape(T, D), _deq_rows(zq, zs) @ _deq_tiles(w1q, w1s), torch.bfloat16)
     _close(mlp.fc1.weight.grad, col(zc, zcs).t() @ col(xc, xcs), torch.bfloat16)
-    gz = _activation_backward(activation, gh, z).double()
-    torch.testing.assert_close(mlp.fc1.bias.grad.double(), gz.sum(0), rtol=2e-2, atol=2e-2 * gz.sum(0).abs().max().item())
-    # and the whole block against its unquantized float64 forward: the FP8 recipe's error stays small
     act = {"gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu, "relu": torch.relu,
            "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
+    z64 = z.double().requires_grad_()
+    act(z64).backward(gh.double())                 # float64 grad * act'(z)
+    gb1 = z64.grad.sum(0)
+    torch.testing.assert_close(mlp.fc1.bias.grad.double(), gb1, rtol=2e-2, atol=2e-2 * gb1.abs().max().item())
+    # and the whole block against its unquantized float64 forward: the FP8 recipe's error stays small
     exact = act(x2.double() @ w1.double().t() + b1.double()) @ w2.double().t() + mlp.fc2.bias.double()
     assert ((y.reshape(T, O).double() - exact).norm() / exact.norm()).item() < 0.1
 
