@@ -364,10 +364,14 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
 // of 8, and of rows 16 with kColT, 16-byte aligned tensors), streamed: a persistent block walks the tiles b =
 // blockIdx.x, + gridDim.x, ... (grouped_tile's order) and has the async copy unit bring the next tile's x into shared
 // memory while it quantizes the current one, so its loads are always in flight (each thread copies and later reads
-// only its own 16-byte chunks: no barrier between them). Dynamic shared memory: 2 x 128 rows x 256 bytes per operand
-// (x, and with kGrad the gradient g beside it: 128 KB). sm_80+ (cp.async); the host selects it on NVIDIA only.
-// H200, bf16, bit-identical to quant_blocks_kernel: kColT 8192 x 14336 174 -> 153 us, 8192 x 4096 54 -> 48; in x's
-// layout 16384 x 7168 177 -> 159.
+// only its own 16-byte chunks: no barrier between them). Dynamic shared memory: 2 x 128 rows x 256 bytes. sm_80+
+// (cp.async); the host selects it on NVIDIA only. H200, bf16, bit-identical to quant_blocks_kernel: kColT 8192 x
+// 14336 174 -> 153 us, 8192 x 4096 54 -> 48; in x's layout 16384 x 7168 177 -> 159.
+// With a fused activation (kAct) the ring has one buffer per operand (x, and with kGrad the gradient g: 32 or 64 KB),
+// and the next tile's copy is issued once this thread's chunks of the current one are in registers and consumed by
+// the activation (each thread overwrites only the chunks it has read itself). The activation makes the kernel
+// arithmetic-bound (H200, 8192 x 14336 bf16: 155 us plain, 270 with GELU), so two blocks per multiprocessor matter
+// more than a second buffer: with kGrad a double-buffered 128 KB ring leaves one block per multiprocessor, 426 us.
 template <class T, class F, bool kColT, bool kRowT, int kAct, bool kGrad>
 __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char* q_row, float* s_row,
                                                                    unsigned char* q_col, float* s_col, const T* x,
@@ -375,6 +379,7 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
 #if ROCJIT_NVIDIA
     constexpr int kSteps = kQuantBlock / kSlots;
     constexpr int kOps = kGrad ? 2 : 1;         // operands in the ring: x (and g)
+    constexpr bool kSingle = kAct != kActNone;  // one buffer per operand (see above)
     static_assert(sizeof(chunk_t<T>) == 16, "16-byte chunks");
     grid_dependency_sync();
     __shared__ quant_blocks_smem<kColT> sm;
@@ -404,7 +409,9 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
     int b = blockIdx.x;
     if (b < tiles) prefetch(b, 0);
     for (int it = 0; b < tiles; b += gridDim.x, ++it) {
-        if (b + (int)gridDim.x < tiles) {
+        const bool more = b + (int)gridDim.x < tiles;
+        const int buf = kSingle ? 0 : it & 1;
+        if (!kSingle && more) {
             prefetch(b + gridDim.x, (it + 1) & 1);
             mma8::copy_wait<1>();
         } else {
@@ -413,9 +420,10 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
         chunk_t<T> h[kSteps];
 #pragma unroll
         for (int s = 0; s < kSteps; ++s) {
-            h[s] = *reinterpret_cast<const chunk_t<T>*>(chunk_at(it & 1, 0, s));
-            activate_chunk<T, kAct, kGrad>(h[s], *reinterpret_cast<const chunk_t<T>*>(chunk_at(it & 1, kOps - 1, s)));
+            h[s] = *reinterpret_cast<const chunk_t<T>*>(chunk_at(buf, 0, s));
+            activate_chunk<T, kAct, kGrad>(h[s], *reinterpret_cast<const chunk_t<T>*>(chunk_at(buf, kOps - 1, s)));
         }
+        if (kSingle && more) prefetch(b + gridDim.x, 0);
         int r, c;
         grouped_tile(b, ct, rt, r, c);
         quant_tile<T, F, kRowBlocks | kColBlocks, kQuantBlock, true, kColT, kRowT>(h, r, c, q_row, s_row, q_col, s_col,

@@ -119,12 +119,12 @@ def _blocks(call, x, q_row, s_row, q_col, s_col, kmode, fmt, M, K, col_t=False, 
     if kmode == _ROW_BLOCKS | _COL_BLOCKS and is_aligned:
         target, _, sms = _gemm._device(dev)
         if target.startswith("sm_") and targets.nvidia_arch(target) >= 80:     # cp.async
-            # the streamed dual kernel: two persistent blocks per multiprocessor, each with a 64 KB ring of x; with
-            # grad, one per multiprocessor, its ring holding x and grad (128 KB)
+            # the streamed dual kernel: two persistent blocks per multiprocessor, each with a 64 KB ring of x (with an
+            # activation, one 32 KB buffer per operand: x and grad)
             name = (f"quant_dual_stream_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {C.cbool(col_t)}, "
                     f"{C.cbool(row_t)}, {fused}>")
-            per_sm, ring = (1, 2 * _STREAM_RING) if grad is not None else (2, _STREAM_RING)
-            call.launch(_kernel(name), min(tiles[0] * tiles[1], per_sm * sms), 256, *args, shared_mem=ring)
+            ring = _STREAM_RING if act is None else _STREAM_RING // 2 * (2 if grad is not None else 1)
+            call.launch(_kernel(name), min(tiles[0] * tiles[1], 2 * sms), 256, *args, shared_mem=ring)
             return
     name = (f"quant_blocks_kernel<{C.kernel_type(x.dtype)}, {C.fp8_tag(fmt)}, {kmode}, {tile_rows}, "
             f"{C.cbool(is_aligned)}, {C.cbool(col_t)}, {C.cbool(row_t)}, {fused}>")
