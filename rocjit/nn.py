@@ -47,18 +47,31 @@ def _wgrad_dtype(wdtype):
     return wdtype if wdtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
 
 
+def _check_input(x: torch.Tensor, layer: str, in_features: int) -> None:
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"{layer}: input must be bfloat16 or float16, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != in_features:
+        raise ValueError(f"{layer}: input's last dimension must be in_features = {in_features}, got shape "
+                         f"{tuple(x.shape)}")
+
+
+def _fp8_nt(a2, weight, bias, out_dtype, activation=None):
+    """y = act(a2) W^T (+ bias), the forward product in FP8 (NT) -> (y, K-major copies kept for the backward: act(a2)'s
+    column-quantized transpose and its scales, W's transposed copy, W's tile scales)."""
+    aq, a_s, aq_t, as_t = quantize_fp8_dual(a2, transpose_col=True, activation=activation)
+    wq, ws, wq_t = quantize_fp8_weight(_half(weight).contiguous(), transposed=True)
+    y = gemm_fp8_blockwise(aq, a_s, wq, ws, layout="NT", out_dtype=out_dtype)
+    if bias is not None:
+        y.add_(bias.to(y.dtype))
+    return y, aq_t, as_t, wq_t, ws
+
+
 class _FP8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
-        if x.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"FP8Linear: input must be bfloat16 or float16, got {x.dtype}")
+        _check_input(x, "FP8Linear", weight.shape[1])
         shape = x.shape
-        x2 = _rows(x)
-        xq, xs, xq_t, xs_t = quantize_fp8_dual(x2, transpose_col=True)
-        wq, ws, wq_t = quantize_fp8_weight(_half(weight).contiguous(), transposed=True)
-        y = gemm_fp8_blockwise(xq, xs, wq, ws, layout="NT", out_dtype=x.dtype)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
+        y, xq_t, xs_t, wq_t, ws = _fp8_nt(_rows(x), weight, bias, x.dtype)
         ctx.save_for_backward(xq_t, xs_t, wq_t, ws)
         ctx.has_bias = bias is not None
         ctx.shapes = (shape, weight.dtype, bias.dtype if bias is not None else None)
@@ -137,23 +150,10 @@ def _activation_backward(activation: str, grad: torch.Tensor, z: torch.Tensor) -
 class _FP8MLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, activation):
-        if x.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"FP8MLP: input must be bfloat16 or float16, got {x.dtype}")
-        if x.shape[-1] != w1.shape[1]:
-            raise ValueError(f"FP8MLP: input's last dimension must be in_features = {w1.shape[1]}, got shape "
-                             f"{tuple(x.shape)}")
+        _check_input(x, "FP8MLP", w1.shape[1])
         shape = x.shape
-        x2 = _rows(x)
-        xq, xs, xq_t, xs_t = quantize_fp8_dual(x2, transpose_col=True)
-        w1q, w1s, w1q_t = quantize_fp8_weight(_half(w1).contiguous(), transposed=True)
-        z = gemm_fp8_blockwise(xq, xs, w1q, w1s, layout="NT", out_dtype=x.dtype)
-        if b1 is not None:
-            z.add_(b1.to(z.dtype))
-        hq, hs, hq_t, hs_t = quantize_fp8_dual(z, transpose_col=True, activation=activation)
-        w2q, w2s, w2q_t = quantize_fp8_weight(_half(w2).contiguous(), transposed=True)
-        y = gemm_fp8_blockwise(hq, hs, w2q, w2s, layout="NT", out_dtype=x.dtype)
-        if b2 is not None:
-            y.add_(b2.to(y.dtype))
+        z, xq_t, xs_t, w1q_t, w1s = _fp8_nt(_rows(x), w1, b1, x.dtype)
+        y, hq_t, hs_t, w2q_t, w2s = _fp8_nt(z, w2, b2, x.dtype, activation)     # act(z) quantized in one read of z
         ctx.save_for_backward(xq_t, xs_t, w1q_t, w1s, z, hq_t, hs_t, w2q_t, w2s)
         ctx.activation = activation
         ctx.meta = (shape, w1.dtype, w2.dtype, None if b1 is None else b1.dtype, None if b2 is None else b2.dtype)

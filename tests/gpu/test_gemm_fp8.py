@@ -494,13 +494,20 @@ def test_fp8_training_follows_the_bf16_loss_curve():
     """A 2-layer MLP regresses a fixed random teacher for 60 Adam steps. Stated tolerance: from step 10 on, the
     FP8 loss stays within 15% (+ 2% of the initial loss) of the bf16 loss, and both fall below 40% of the start."""
     from rocjit.nn import FP8Linear
+    _follows_bf16(lambda ref: torch.nn.Sequential(FP8Linear.from_linear(ref[0]), torch.nn.GELU(),
+                                                  FP8Linear.from_linear(ref[2])))
+
+
+def _follows_bf16(make_fp8):
+    """Trains a bf16 MLP (Linear, GELU, Linear) and make_fp8(that MLP) on a fixed random teacher; the FP8 curve within
+    the stated tolerance of the bf16 one."""
     torch.manual_seed(1)
     D, H, T = 256, 512, 512
     teacher = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.GELU(), torch.nn.Linear(H, D)).cuda()
     data = [torch.randn(T, D, device="cuda") for _ in range(4)]
     targets = [teacher(d).detach() for d in data]
     ref = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.GELU(), torch.nn.Linear(H, D)).cuda().bfloat16()
-    fp8 = torch.nn.Sequential(FP8Linear.from_linear(ref[0]), torch.nn.GELU(), FP8Linear.from_linear(ref[2]))
+    fp8 = make_fp8(ref)
     curves = []
     for model in (ref, fp8):
         opt = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -517,6 +524,7 @@ def test_fp8_training_follows_the_bf16_loss_curve():
     assert bf[-1] < 0.4 * bf[0] and f8[-1] < 0.4 * f8[0], (bf[::10], f8[::10])
     for i in range(10, 60):
         assert abs(f8[i] - bf[i]) <= 0.15 * bf[i] + 0.02 * bf[0], (i, bf[i], f8[i])
+
 
 @pytest.mark.parametrize("activation, bias", [("gelu", True), ("gelu_tanh", True), ("silu", False), ("relu", True),
                                               ("relu", False)])
@@ -574,30 +582,7 @@ def test_fp8_mlp_forward_backward_against_float64(activation, bias):
 
 
 def test_fp8_mlp_training_follows_the_bf16_loss_curve():
-    """FP8MLP.from_sequential of the bf16 MLP regresses the fixed random teacher of the FP8Linear test for 60 Adam
-    steps, the same stated tolerance: from step 10 on within 15% (+ 2% of the initial loss) of the bf16 loss, and
-    both below 40% of the start."""
+    """FP8MLP.from_sequential of the bf16 MLP, the FP8Linear test's teacher, steps and stated tolerance: from step 10
+    on within 15% (+ 2% of the initial loss) of the bf16 loss, and both below 40% of the start."""
     from rocjit.nn import FP8MLP
-    torch.manual_seed(1)
-    D, Hd, T = 256, 512, 512
-    teacher = torch.nn.Sequential(torch.nn.Linear(D, Hd), torch.nn.GELU(), torch.nn.Linear(Hd, D)).cuda()
-    data = [torch.randn(T, D, device="cuda") for _ in range(4)]
-    targets = [teacher(d).detach() for d in data]
-    ref = torch.nn.Sequential(torch.nn.Linear(D, Hd), torch.nn.GELU(), torch.nn.Linear(Hd, D)).cuda().bfloat16()
-    fp8 = FP8MLP.from_sequential(ref)
-    curves = []
-    for model in (ref, fp8):
-        opt = torch.optim.Adam(model.parameters(), lr=2e-3)
-        losses = []
-        for step in range(60):
-            x, t = data[step % 4].bfloat16(), targets[step % 4]
-            loss = torch.nn.functional.mse_loss(model(x).float(), t)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        curves.append(losses)
-    bf, f8 = curves
-    assert bf[-1] < 0.4 * bf[0] and f8[-1] < 0.4 * f8[0], (bf[::10], f8[::10])
-    for i in range(10, 60):
-        assert abs(f8[i] - bf[i]) <= 0.15 * bf[i] + 0.02 * bf[0], (i, bf[i], f8[i])
+    _follows_bf16(FP8MLP.from_sequential)
