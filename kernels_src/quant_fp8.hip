@@ -369,9 +369,11 @@ __launch_bounds__(256) __global__ void quant_blocks_kernel(unsigned char* q_row,
 // 14336 174 -> 153 us, 8192 x 4096 54 -> 48; in x's layout 16384 x 7168 177 -> 159.
 // With a fused activation (kAct) the ring has one buffer per operand (x, and with kGrad the gradient g: 32 or 64 KB),
 // and the next tile's copy is issued once this thread's chunks of the current one are in registers and consumed by
-// the activation (each thread overwrites only the chunks it has read itself). The activation makes the kernel
-// arithmetic-bound (H200, 8192 x 14336 bf16: 155 us plain, 270 with GELU), so two blocks per multiprocessor matter
-// more than a second buffer: with kGrad a double-buffered 128 KB ring leaves one block per multiprocessor, 426 us.
+// the activation (each thread overwrites only the chunks it has read itself), so that with kGrad two blocks still fit
+// on a multiprocessor (a double-buffered 128 KB ring leaves one). Measured with the double-buffered ring (H200,
+// 8192 x 14336 bf16, kColT): 155 us plain, 270 with GELU, 426 for GELU's backward at one block per multiprocessor;
+// the activation makes the kernel arithmetic-bound. The single-buffered form is checked for correctness on the GPU
+// but its speed is not measured yet.
 template <class T, class F, bool kColT, bool kRowT, int kAct, bool kGrad>
 __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char* q_row, float* s_row,
                                                                    unsigned char* q_col, float* s_col, const T* x,

@@ -73,7 +73,8 @@ class Kernel:
         self._specs: dict[str, ParamSpec] = {}
         self._fns: dict = {}            # device -> function handle
         self._dev_specs: dict[int, ParamSpec] = {}
-        self.shared_limit: dict[int, int] = {}
+        self.shared_limit: dict[int, int] = {}     # device -> dynamic shared memory a launch may use as it is
+        self.static_shared: dict[int, int] = {}    # device -> the function's static shared memory
         self._configured = {}
         self._fast_path = None          # None: not built yet; False: the general path does every launch
         self._owner = threading.get_ident()
@@ -130,10 +131,14 @@ class Kernel:
         with general.device_context(plat, dev):
             mod = _load_module(plat, co, dev, self.compile)
             fn = plat.get_function(mod, co.lowered.get(self.name, self.name))
+            static = int(plat.function_info(fn).get("shared_bytes") or 0)
         with self._lock:
             self._dev_specs[dev] = spec
             self._fns[dev] = fn
-            self.shared_limit[dev] = general.STATIC_SHARED_LIMIT
+            # static + dynamic shared memory above 48 KB needs the function's opt-in attribute: a launch whose
+            # dynamic bytes exceed what is left of 48 KB beside the static ones sets it first
+            self.static_shared[dev] = static
+            self.shared_limit[dev] = max(0, general.STATIC_SHARED_LIMIT - static)
             if self._fast_path is None:
                 self._fast_path = fast.build(self, plat, spec, target) or False
                 self._configured.clear()   # later kernel[grid, block] lookups hand out generated launchers

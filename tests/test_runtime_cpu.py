@@ -122,6 +122,22 @@ def test_launch_configuration_errors(fake):
     assert fake.max_shared == 100_000
 
 
+def test_static_shared_memory_counts_toward_the_opt_in(fake):
+    """Static plus dynamic shared memory above 48 KB needs the function's opt-in attribute: a kernel with 24 KB of
+    static shared memory launched with 32 KB of dynamic has it set first (without, the driver refuses the launch)."""
+    fake.function_info = lambda fn: {"num_regs": 0, "shared_bytes": 24 * 1024, "local_bytes": 0, "max_threads": 1024}
+    fake.max_shared = None
+    k = rocjit.kernel(AXPY)
+    x = np.zeros(4, np.float32)
+    k[1, 32](1.0, x, x, 4, shared_mem=24 * 1024)        # 48 KB in all: no attribute
+    assert fake.max_shared is None
+    k[1, 32](1.0, x, x, 4, shared_mem=32 * 1024)
+    assert fake.max_shared == 32 * 1024
+    optin = fake.device_attributes(0)["max_shared_per_block_optin"]
+    with pytest.raises(ValueError, match="beside the kernel's 24576 bytes of static shared memory"):
+        k[1, 32](1.0, x, x, 4, shared_mem=optin - 24 * 1024 + 1)
+
+
 def test_launch_error_carries_vendor_name(fake):
     fake.emulate = lambda params: 700
     k = rocjit.kernel(AXPY)

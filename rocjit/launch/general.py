@@ -124,10 +124,15 @@ def _launch_on(kernel, plat, spec: ParamSpec, fn, dev, g, b, values, staged, use
 
 
 def _raise_shared_limit(kernel, plat, fn, dev, shared_mem):
+    """Opt the function in to `shared_mem` dynamic bytes where they exceed what it may use without (what is left of
+    48 KB beside its static shared memory); more than the device allows per block raises."""
     if shared_mem > kernel.shared_limit.get(dev, STATIC_SHARED_LIMIT):
         optin = plat.device_attributes(dev).get("max_shared_per_block_optin", STATIC_SHARED_LIMIT)
-        if shared_mem > optin:
-            raise ValueError(f"shared_mem={shared_mem} bytes exceeds the device's limit of {optin} bytes per block")
+        static = kernel.static_shared.get(dev, 0)
+        if shared_mem + static > optin:
+            beside = f" beside the kernel's {static} bytes of static shared memory" if static else ""
+            raise ValueError(f"shared_mem={shared_mem} bytes{beside} exceeds the device's limit of {optin} bytes "
+                             f"per block")
         plat.set_max_dynamic_shared(fn, shared_mem)
         kernel.shared_limit[dev] = shared_mem
 
