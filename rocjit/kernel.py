@@ -131,7 +131,10 @@ class Kernel:
         with general.device_context(plat, dev):
             mod = _load_module(plat, co, dev, self.compile)
             fn = plat.get_function(mod, co.lowered.get(self.name, self.name))
-            static = int(plat.function_info(fn).get("shared_bytes") or 0)
+            try:
+                static = int(plat.function_info(fn).get("shared_bytes") or 0)
+            except Exception:       # a runtime that cannot say: the launch itself reports a refused size
+                static = 0
         with self._lock:
             self._dev_specs[dev] = spec
             self._fns[dev] = fn
