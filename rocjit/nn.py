@@ -195,7 +195,7 @@ def fp8_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: torch.Tenso
             b2: torch.Tensor | None = None, activation: str = "gelu") -> torch.Tensor:
     """act(x W1^T + b1) W2^T + b2 with blockwise FP8 GEMMs and the activation fused into the quantizers
     (see the module docstring); activation: "gelu", "gelu_tanh", "silu" or "relu"."""
-    if activation is None or activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         allowed = ", ".join(repr(a) for a in ACTIVATIONS if a is not None)
         raise ValueError(f"fp8_mlp: activation must be one of {allowed}, got {activation!r}")
     if w2.shape[1] != w1.shape[0]:
@@ -222,7 +222,7 @@ class FP8MLP(torch.nn.Module):
     def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None, bias: bool = True,
                  activation: str = "gelu", device=None, dtype=torch.bfloat16):
         super().__init__()
-        if activation is None or activation not in ACTIVATIONS:
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
             allowed = ", ".join(repr(a) for a in ACTIVATIONS if a is not None)
             raise ValueError(f"FP8MLP: activation must be one of {allowed}, got {activation!r}")
         self.activation = activation

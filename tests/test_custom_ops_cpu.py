@@ -66,6 +66,8 @@ def test_fp8_mlp_checks_its_arguments():
     from rocjit import nn as rnn
     with pytest.raises(ValueError, match="activation must be one of"):
         rnn.FP8MLP(64, 128, activation="tanh")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        rnn.FP8MLP(64, 128, activation=["gelu"])
     with pytest.raises(ValueError, match="activation must be torch.nn.GELU, SiLU or ReLU"):
         rnn.FP8MLP.from_sequential(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(),
                                                        torch.nn.Linear(128, 64)))

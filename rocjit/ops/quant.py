@@ -280,7 +280,7 @@ def quantize_fp8_weight(call, w, *, block=BLOCK, fp8_format=None, transposed=Fal
 
 def _check_activation(op, xt, activation, grad):
     """activation is one of ACTIVATIONS; grad (with an activation only) is a tensor like x."""
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
         allowed = ", ".join(repr(a) for a in ACTIVATIONS)
         raise ValueError(f"{op}: activation must be one of {allowed}, got {activation!r}")
     if grad is not None:
