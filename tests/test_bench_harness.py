@@ -71,3 +71,15 @@ def test_bench_command_without_gpu_exits_1_without_traceback():
                              timeout=120)
         assert out.returncode == 1, out
         assert "no GPU visible to torch" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_gemm_fp8_runs_the_parts_it_is_asked_for(capsys):
+    """bench gemm_fp8 --only: the parts named (every part by default); an unknown part is a usage error."""
+    from rocjit.bench import gemm_fp8 as G
+    assert G._args([]) == (False, set(G.PARTS))
+    assert G._args(["--only", "step", "--quick"]) == (True, {"step"})
+    assert G._args(["--only", "large, decode"]) == (False, {"large", "decode"})
+    for bad in ("steps", ",", "large,prefill"):
+        with pytest.raises(SystemExit):
+            G._args(["--only", bad])
+        assert "--only takes parts of large, decode, step" in capsys.readouterr().err
