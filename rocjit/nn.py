@@ -123,17 +123,27 @@ class FP8Linear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear) -> "FP8Linear":
         m = cls(linear.in_features, linear.out_features, linear.bias is not None, device=linear.weight.device,
                 dtype=linear.weight.dtype)
-        with torch.no_grad():
-            m.weight.copy_(linear.weight)
-            if linear.bias is not None:
-                m.bias.copy_(linear.bias)
+        m._copy_from(linear)
         return m
+
+    def _copy_from(self, linear: torch.nn.Linear) -> None:
+        with torch.no_grad():
+            self.weight.copy_(linear.weight)
+            if linear.bias is not None:
+                self.bias.copy_(linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp8=blockwise"
+
+
+def _check_activation(layer: str, activation) -> None:
+    """activation names one of quantize_fp8_dual's activations (an MLP has one: None is not among them)."""
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        allowed = ", ".join(repr(a) for a in ACTIVATIONS if a is not None)
+        raise ValueError(f"{layer}: activation must be one of {allowed}, got {activation!r}")
 
 
 # the activations whose backward FP8MLP fuses into the quantizer (see the module docstring)
@@ -146,7 +156,7 @@ def _activation_backward(activation: str, grad: torch.Tensor, z: torch.Tensor) -
         return torch.ops.aten.gelu_backward(grad, z, approximate="tanh" if activation == "gelu_tanh" else "none")
     if activation == "silu":
         return torch.ops.aten.silu_backward(grad, z)
-    return grad * (z > 0).to(grad.dtype)
+    return torch.ops.aten.threshold_backward(grad, z, 0)
 
 
 class _FP8MLPFunction(torch.autograd.Function):
@@ -197,9 +207,7 @@ def fp8_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: torch.Tenso
             b2: torch.Tensor | None = None, activation: str = "gelu") -> torch.Tensor:
     """act(x W1^T + b1) W2^T + b2 with blockwise FP8 GEMMs and the activation fused into the quantizers
     (see the module docstring); activation: "gelu", "gelu_tanh", "silu" or "relu"."""
-    if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        allowed = ", ".join(repr(a) for a in ACTIVATIONS if a is not None)
-        raise ValueError(f"fp8_mlp: activation must be one of {allowed}, got {activation!r}")
+    _check_activation("fp8_mlp", activation)
     if w2.shape[1] != w1.shape[0]:
         raise ValueError(f"fp8_mlp: w2 must be [out_features, {w1.shape[0]}] (w1's out_features), got "
                          f"{tuple(w2.shape)}")
@@ -224,9 +232,7 @@ class FP8MLP(torch.nn.Module):
     def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None, bias: bool = True,
                  activation: str = "gelu", device=None, dtype=torch.bfloat16):
         super().__init__()
-        if not isinstance(activation, str) or activation not in ACTIVATIONS:
-            allowed = ", ".join(repr(a) for a in ACTIVATIONS if a is not None)
-            raise ValueError(f"FP8MLP: activation must be one of {allowed}, got {activation!r}")
+        _check_activation("FP8MLP", activation)
         self.activation = activation
         out_features = in_features if out_features is None else out_features
         self.fc1 = FP8Linear(in_features, hidden_features, bias, device=device, dtype=dtype)
@@ -242,8 +248,8 @@ class FP8MLP(torch.nn.Module):
             raise ValueError("FP8MLP: fc1 and fc2 must both have a bias or both have none")
         m = cls(fc1.in_features, fc1.out_features, fc2.out_features, fc1.bias is not None, activation,
                 device=fc1.weight.device, dtype=fc1.weight.dtype)
-        m.fc1 = FP8Linear.from_linear(fc1)
-        m.fc2 = FP8Linear.from_linear(fc2)
+        m.fc1._copy_from(fc1)
+        m.fc2._copy_from(fc2)
         return m
 
     @classmethod

@@ -7,19 +7,20 @@ shape (each of our layouts gets its operands K-major from the quantizers, as the
 has cuBLASLt's peer for its own recipe, 1 x 128 scales on both operands (cublaslt_blockwise_1x128_1x128), its
 operands quantized as FP8Linear's backward quantizes them.
 Plus the training-step rows: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear (with
-torch's GELU between) and rocjit.nn.FP8MLP (the GELU fused into the quantizers) vs bf16 torch.nn.Linear. Every product is timed as CUDA-graph replays, so the rows are GPU time: events around eager
-calls timed the op's Python launch path wherever it outlasted the kernel (an H200 host that launched slowly read the
-op at 147 us for a 116 us kernel at 4096^3). Shapes > 256 rows are timed in rounds that take every
-implementation of the shape in turn (the order reversed every other round; each one's median over the rounds):
-timed one after the other, the later ones ran on a hotter, lower-clocked GPU (H100, 8192^3: the same NT call 1221 ->
-1046 TFLOP/s over four consecutive timings, and NN, the same kernel timed right after NT, 7 - 12% slower than NT in
-single-pass runs). The compared implementations -- each layout of the op beside its peer -- take ROUNDS rounds among
-themselves; the per-config diagnostic rows below take their own rounds afterwards. Timed in one set of rounds with
-them, the peer of TN sat right after a dozen diagnostic kernels (some at a third of the op's rate, drawing less
-power) in two rounds of three, and TN read 0.79 - 0.88x of it where the same pair, timed alone in alternation, read
-0.90 - 1.01x, and 0.89 - 0.97x with the GPU idle before every timing (H200, four shapes, one run). An
-implementation that cannot be captured is timed with events, and a note says so. Products of <= 256 rows run over
-copies of the weight beyond L2 (_weight_sets), as the skinny GEMMs are measured.
+torch's GELU between) and rocjit.nn.FP8MLP (the GELU fused into the quantizers) vs bf16 torch.nn.Linear. Every
+product is timed as CUDA-graph replays, so the rows are GPU time: events around eager calls timed the op's Python
+launch path wherever it outlasted the kernel (an H200 host that launched slowly read the op at 147 us for a 116 us
+kernel at 4096^3). Shapes > 256 rows are timed in rounds that take every implementation of the shape in turn (the
+order reversed every other round; each one's median over the rounds): timed one after the other, the later ones ran
+on a hotter, lower-clocked GPU (H100, 8192^3: the same NT call 1221 -> 1046 TFLOP/s over four consecutive timings,
+and NN, the same kernel timed right after NT, 7 - 12% slower than NT in single-pass runs). The compared
+implementations -- each layout of the op beside its peer -- take ROUNDS rounds among themselves; the per-config
+diagnostic rows below take their own rounds afterwards. Timed in one set of rounds with them, the peer of TN sat
+right after a dozen diagnostic kernels (some at a third of the op's rate, drawing less power) in two rounds of
+three, and TN read 0.79 - 0.88x of it where the same pair, timed alone in alternation, read 0.90 - 1.01x, and 0.89 -
+0.97x with the GPU idle before every timing (H200, four shapes, one run). An implementation that cannot be captured
+is timed with events, and a note says so. Products of <= 256 rows run over copies of the weight beyond L2
+(_weight_sets), as the skinny GEMMs are measured.
 The host_cost row is the host's side: µs per repeated eager call (no synchronize inside the loop, the GPU work short
 enough that the launch queue never fills) of the op, cuBLASLt blockwise and bf16 torch.matmul at 128 x 2112 x 7168.
 On sm_90a, every config of the wgmma kernel (gemm_fp8_blockwise_sm90.hip) is also launched directly for the NT
