@@ -460,3 +460,7 @@ __launch_bounds__(256, 2) __global__ void quant_dual_stream_kernel(unsigned char
 // rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, true, true, 1, false>
 // rocjit:check quant_dual_stream_kernel<__hip_bfloat16, rocjit::e4m3fn, true, true, 1, true>
 // rocjit:check quant_dual_stream_kernel<__half, rocjit::e4m3fn, false, true, 3, true>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 64, true, false, true, 0, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 64, true, false, true, 1, false>
+// rocjit:check quant_blocks_kernel<__hip_bfloat16, rocjit::e4m3fn, 1, 16, true, false, true, 4, true>
+// rocjit:check quant_blocks_kernel<__half, rocjit::e4m3fnuz, 1, 64, false, false, true, 3, false>

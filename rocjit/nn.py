@@ -11,15 +11,18 @@ Per step (the DeepSeek-V3 recipe, through rocjit.ops.gemm_fp8_blockwise):
 - wgrad (TN):    dW = dy^T x, both operands scaled 1 x 128 along tokens.
 Only FP8 copies are saved for backward (no bf16 activation). Master weights and gradients stay in the
 parameter's dtype (bfloat16 by default). Inputs must be float16 / bfloat16 (the quantizers' inputs).
+A copy the backward will not read is not made: without grad mode (inference), or for a frozen weight (no
+x^T copy for wgrad) or an input that takes no gradient (no W^T copy for dgrad), the forward quantizes x by row
+blocks alone (quantize_fp8_dual(columns=False)) and W without its transposed copy.
 
 `FP8MLP` is Linear -> activation -> Linear (GELU, tanh-GELU, SiLU or ReLU) in one autograd function, with the
 activation fused into the quantizers (quantize_fp8_dual(activation=...)): the forward quantizes act(z) straight
 from the first GEMM's output z, so act(z) is never written in bf16 and no activation kernel runs. The backward
 quantizes grad_h * relu'(z) straight from the second GEMM's dgrad for ReLU; for the GELUs and SiLU it runs torch's
 activation backward and then the plain quantizer, which was faster: their derivatives (erf and exp per element) make
-the fused quantizer arithmetic-bound (H200, 8192 x 14336: GELU's backward fused 426 us against 359 for torch's
-backward and the quantizer; ReLU's fused 304: its two-kernel pair was not timed, but torch's ReLU backward moves
-the bytes GELU's does, which took 205 us, before the 155 us quantizer).
+the fused quantizer arithmetic-bound (H200, 8192 x 14336: GELU's backward fused 372 us against 357 for torch's
+backward and the quantizer; ReLU's fused 237, where the two kernels would take about 356: torch's ReLU backward
+moves the bytes GELU's does, 202 us, and the plain quantizer takes 154).
 It saves z (bf16) for the backward, as torch's activation saves its input.
 
     mlp = rocjit.nn.FP8MLP(4096, 14336, activation="gelu", bias=False)
@@ -57,23 +60,32 @@ def _check_input(x: torch.Tensor, layer: str, in_features: int) -> None:
                          f"{tuple(x.shape)}")
 
 
-def _fp8_nt(a2, weight, bias, out_dtype, activation=None):
-    """y = act(a2) W^T (+ bias), the forward product in FP8 (NT) -> (y, K-major copies kept for the backward: act(a2)'s
-    column-quantized transpose and its scales, W's transposed copy, W's tile scales)."""
-    aq, a_s, aq_t, as_t = quantize_fp8_dual(a2, transpose_col=True, activation=activation)
-    wq, ws, wq_t = quantize_fp8_weight(_half(weight).contiguous(), transposed=True)
+def _fp8_nt(a2, weight, bias, out_dtype, keep_a, keep_w, activation=None):
+    """y = act(a2) W^T (+ bias), the forward product in FP8 (NT) -> (y, the K-major copies the backward reads:
+    act(a2)'s column-quantized transpose and its scales (keep_a: W's gradient needs them), W's transposed copy
+    (keep_w: the input's gradient needs it), W's tile scales). A copy not kept is not made (None): inference and
+    frozen layers run only the quantization the forward product needs."""
+    aq, a_s, aq_t, as_t = quantize_fp8_dual(a2, transpose_col=keep_a, activation=activation, columns=keep_a)
+    wq, ws, *wq_t = quantize_fp8_weight(_half(weight).contiguous(), transposed=keep_w)
     y = gemm_fp8_blockwise(aq, a_s, wq, ws, layout="NT", out_dtype=out_dtype)
     if bias is not None:
         y.add_(bias.to(y.dtype))
-    return y, aq_t, as_t, wq_t, ws
+    return y, aq_t, as_t, (wq_t[0] if keep_w else None), ws
+
+
+def _needs(ctx, grad_enabled, n):
+    """Which of the first n inputs the backward will differentiate: none when the call ran without grad mode (the
+    function's ctx.needs_input_grad says what requires grad, also under torch.no_grad())."""
+    return tuple(bool(grad_enabled and g) for g in ctx.needs_input_grad[:n])
 
 
 class _FP8LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, grad_enabled):
         _check_input(x, "FP8Linear", weight.shape[1])
         shape = x.shape
-        y, xq_t, xs_t, wq_t, ws = _fp8_nt(_rows(x), weight, bias, x.dtype)
+        need_x, need_w = _needs(ctx, grad_enabled, 2)
+        y, xq_t, xs_t, wq_t, ws = _fp8_nt(_rows(x), weight, bias, x.dtype, keep_a=need_w, keep_w=need_x)
         ctx.save_for_backward(xq_t, xs_t, wq_t, ws)
         ctx.has_bias = bias is not None
         ctx.shapes = (shape, weight.dtype, bias.dtype if bias is not None else None)
@@ -83,23 +95,25 @@ class _FP8LinearFunction(torch.autograd.Function):
     def backward(ctx, gy):
         xq_t, xs_t, wq_t, ws = ctx.saved_tensors
         shape, wdtype, bdtype = ctx.shapes
+        need_x, need_w = ctx.needs_input_grad[:2]
         g2 = _rows(_half(gy))
-        gq, gs, gq_t, gs_t = quantize_fp8_dual(g2, transpose_col=True)
         gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
+        if need_x or need_w:    # rows for dgrad, the transposed column blocks for wgrad
+            gq, gs, gq_t, gs_t = quantize_fp8_dual(g2, transpose_col=need_w, columns=need_w)
+        if need_x:
             # dgrad NN: a = dy [M, N_out], b = W as [K = N_out, N = K_in], K-major in memory (W^T's copy)
             gx = gemm_fp8_blockwise(gq, gs, wq_t.t(), ws, layout="NN", out_dtype=g2.dtype).reshape(shape)
-        if ctx.needs_input_grad[1]:
+        if need_w:
             # wgrad TN: a = dy as [K = tokens, M = N_out], b = x as [K = tokens, N = K_in], both K-major copies
             gw = gemm_fp8_blockwise(gq_t.t(), gs_t.t(), xq_t.t(), xs_t.t(), layout="TN", out_dtype=_wgrad_dtype(wdtype))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.float().sum(0).to(bdtype)
-        return gx, gw, gb
+        return gx, gw, gb, None
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T (+ bias) with blockwise FP8 forward and backward (see the module docstring)."""
-    return _FP8LinearFunction.apply(x, weight, bias)
+    return _FP8LinearFunction.apply(x, weight, bias, torch.is_grad_enabled())
 
 
 class FP8Linear(torch.nn.Module):
@@ -161,38 +175,46 @@ def _activation_backward(activation: str, grad: torch.Tensor, z: torch.Tensor) -
 
 class _FP8MLPFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, activation):
+    def forward(ctx, x, w1, b1, w2, b2, activation, grad_enabled):
         _check_input(x, "FP8MLP", w1.shape[1])
         shape = x.shape
-        z, xq_t, xs_t, w1q_t, w1s = _fp8_nt(_rows(x), w1, b1, x.dtype)
-        y, hq_t, hs_t, w2q_t, w2s = _fp8_nt(z, w2, b2, x.dtype, activation)     # act(z) quantized in one read of z
-        ctx.save_for_backward(xq_t, xs_t, w1q_t, w1s, z, hq_t, hs_t, w2q_t, w2s)
+        need_x, need_w1, need_b1, need_w2, _ = _needs(ctx, grad_enabled, 5)
+        below = need_x or need_w1 or need_b1        # the backward goes through fc2's dgrad and the activation
+        z, xq_t, xs_t, w1q_t, w1s = _fp8_nt(_rows(x), w1, b1, x.dtype, keep_a=need_w1, keep_w=need_x)
+        # act(z) quantized in one read of z
+        y, hq_t, hs_t, w2q_t, w2s = _fp8_nt(z, w2, b2, x.dtype, keep_a=need_w2, keep_w=below, activation=activation)
+        ctx.save_for_backward(xq_t, xs_t, w1q_t, w1s, z if below else None, hq_t, hs_t, w2q_t, w2s)
         ctx.activation = activation
-        ctx.meta = (shape, w1.dtype, w2.dtype, None if b1 is None else b1.dtype, None if b2 is None else b2.dtype)
+        ctx.meta = (shape, x.dtype, w1.dtype, w2.dtype, None if b1 is None else b1.dtype,
+                    None if b2 is None else b2.dtype)
         return y.reshape(*shape[:-1], w2.shape[0])
 
     @staticmethod
     def backward(ctx, gy):
         xq_t, xs_t, w1q_t, w1s, z, hq_t, hs_t, w2q_t, w2s = ctx.saved_tensors
-        shape, w1dtype, w2dtype, b1dtype, b2dtype = ctx.meta
+        shape, xdtype, w1dtype, w2dtype, b1dtype, b2dtype = ctx.meta
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
-        g2 = _rows(gy.to(z.dtype))
+        below = need_x or need_w1 or need_b1
+        g2 = _rows(gy.to(xdtype))
         gx = gw1 = gb1 = gw2 = gb2 = None
-        gq, gs, gq_t, gs_t = quantize_fp8_dual(g2, transpose_col=True)
+        if need_w2 or below:    # rows for fc2's dgrad, the transposed column blocks for its wgrad
+            gq, gs, gq_t, gs_t = quantize_fp8_dual(g2, transpose_col=need_w2, columns=need_w2)
         if need_w2:     # wgrad of the second Linear (TN): dy^T h, both K-major (tokens) copies
             gw2 = gemm_fp8_blockwise(gq_t.t(), gs_t.t(), hq_t.t(), hs_t.t(), layout="TN", out_dtype=_wgrad_dtype(w2dtype))
         if need_b2:
             gb2 = g2.float().sum(0).to(b2dtype)
-        if need_x or need_w1 or need_b1:
+        if below:
             # dgrad of the second Linear (NN), then the activation's backward (fused into the quantizer for ReLU
-            # without a bias to differentiate)
+            # without a bias to differentiate); rows for fc1's dgrad, the transposed column blocks for its wgrad
             gh = gemm_fp8_blockwise(gq, gs, w2q_t.t(), w2s, layout="NN", out_dtype=z.dtype)
             gz = None
             if ctx.activation in _FUSED_BACKWARD and not need_b1:
-                zq, zs, zq_t, zs_t = quantize_fp8_dual(z, transpose_col=True, activation=ctx.activation, grad=gh)
+                zq, zs, zq_t, zs_t = quantize_fp8_dual(z, transpose_col=need_w1, activation=ctx.activation, grad=gh,
+                                                       columns=need_w1)
             else:
                 gz = _activation_backward(ctx.activation, gh, z)
-                zq, zs, zq_t, zs_t = quantize_fp8_dual(gz, transpose_col=True)
+                if need_x or need_w1:
+                    zq, zs, zq_t, zs_t = quantize_fp8_dual(gz, transpose_col=need_w1, columns=need_w1)
             if need_x:
                 gx = gemm_fp8_blockwise(zq, zs, w1q_t.t(), w1s, layout="NN", out_dtype=z.dtype).reshape(shape)
             if need_w1:
@@ -200,7 +222,7 @@ class _FP8MLPFunction(torch.autograd.Function):
                                          out_dtype=_wgrad_dtype(w1dtype))
             if need_b1:
                 gb1 = gz.float().sum(0).to(b1dtype)
-        return gx, gw1, gb1, gw2, gb2, None
+        return gx, gw1, gb1, gw2, gb2, None, None
 
 
 def fp8_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: torch.Tensor | None = None,
@@ -211,7 +233,7 @@ def fp8_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: torch.Tenso
     if w2.shape[1] != w1.shape[0]:
         raise ValueError(f"fp8_mlp: w2 must be [out_features, {w1.shape[0]}] (w1's out_features), got "
                          f"{tuple(w2.shape)}")
-    return _FP8MLPFunction.apply(x, w1, b1, w2, b2, activation)
+    return _FP8MLPFunction.apply(x, w1, b1, w2, b2, activation, torch.is_grad_enabled())
 
 
 # torch modules -> the activation names of quantize_fp8_dual

@@ -382,3 +382,112 @@ def test_bench_streams_the_weights_of_decode_sized_products(M, sets):
         assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8)) and torch.equal(sc, ws)
     for t in wts:      # K-major: the bf16 peer multiplies by t.t(), a contiguous [K, N]
         assert torch.equal(t, w) and t.t().is_contiguous()
+
+
+class _Recorder:
+    """Stand-ins for rocjit.nn's quantizers and GEMM on the CPU that record what the layers ask for: which copies
+    (the column blocks, W's transposed copy) and which products. Shapes and layouts as the real ops return them."""
+
+    def __init__(self, monkeypatch):
+        from rocjit import nn as rnn
+        self.calls = []
+        monkeypatch.setattr(rnn, "quantize_fp8_dual", self.dual)
+        monkeypatch.setattr(rnn, "quantize_fp8_weight", self.weight)
+        monkeypatch.setattr(rnn, "gemm_fp8_blockwise", self.gemm)
+
+    def dual(self, x, *, transpose_col=False, activation=None, grad=None, columns=True):
+        assert not transpose_col or columns
+        self.calls.append(("dual", columns, activation, grad is not None))
+        M, K = x.shape
+        s_row = torch.rand(-(-K // 128), M).t()
+        if not columns:
+            return x.clone(), s_row, None, None
+        return x.clone(), s_row, x.t().contiguous(), torch.rand(-(-M // 128), K).t()
+
+    def weight(self, w, *, transposed=False):
+        self.calls.append(("weight", transposed))
+        s = torch.rand(-(-w.shape[0] // 128), -(-w.shape[1] // 128))
+        return (w.clone(), s, w.t().contiguous()) if transposed else (w.clone(), s)
+
+    def gemm(self, a, a_s, b, b_s, *, layout, out_dtype):
+        self.calls.append(("gemm", layout))
+        M = a.shape[1] if layout == "TN" else a.shape[0]
+        N = b.shape[0] if layout == "NT" else b.shape[1]
+        return torch.randn(M, N, dtype=out_dtype)
+
+    def take(self):
+        calls, self.calls = self.calls, []
+        return calls
+
+
+@pytest.mark.parametrize("grad_mode, x_grad, w_grad", [(False, True, True), (True, False, False),
+                                                       (True, True, False), (True, False, True),
+                                                       (True, True, True)])
+def test_fp8_linear_makes_only_the_copies_its_backward_reads(monkeypatch, grad_mode, x_grad, w_grad):
+    """The forward quantizes x with column blocks only for wgrad (the weight takes a gradient) and W with its
+    transposed copy only for dgrad (x takes one); inference (no grad mode) makes neither. The backward runs only the
+    products asked for, and quantizes dy's column blocks only for wgrad."""
+    from rocjit.nn import FP8Linear
+    rec = _Recorder(monkeypatch)
+    layer = FP8Linear(256, 384, bias=False).requires_grad_(w_grad)
+    x = torch.randn(2, 100, 256).to(torch.bfloat16).requires_grad_(x_grad)
+    with torch.set_grad_enabled(grad_mode):
+        y = layer(x)
+    assert y.shape == (2, 100, 384)
+    need_x, need_w = grad_mode and x_grad, grad_mode and w_grad
+    assert rec.take() == [("dual", need_w, None, False), ("weight", need_x), ("gemm", "NT")]
+    if not (need_x or need_w):
+        assert not y.requires_grad
+        return
+    y.backward(torch.randn_like(y))
+    assert rec.take() == [("dual", need_w, None, False)] + [("gemm", "NN")] * need_x + [("gemm", "TN")] * need_w
+    assert (x.grad is not None) == need_x and (x.grad is None or x.grad.shape == x.shape)
+    assert (layer.weight.grad is not None) == need_w
+
+
+@pytest.mark.parametrize("grad_mode, x_grad, fc1_grad, fc2_grad, activation", [
+    (False, True, True, True, "gelu"), (True, False, False, False, "gelu"), (True, True, False, False, "relu"),
+    (True, False, False, True, "silu"), (True, False, True, False, "relu"), (True, True, True, True, "gelu")])
+def test_fp8_mlp_makes_only_the_copies_its_backward_reads(monkeypatch, grad_mode, x_grad, fc1_grad, fc2_grad,
+                                                         activation):
+    """FP8MLP: each Linear's copies as FP8Linear's, where 'x takes a gradient' for fc2 means anything below it
+    does; only fc2 trainable: no pass through fc2's dgrad or the activation's backward."""
+    from rocjit.nn import FP8MLP
+    rec = _Recorder(monkeypatch)
+    mlp = FP8MLP(256, 384, 128, bias=False, activation=activation)
+    mlp.fc1.requires_grad_(fc1_grad)
+    mlp.fc2.requires_grad_(fc2_grad)
+    x = torch.randn(200, 256).to(torch.bfloat16).requires_grad_(x_grad)
+    with torch.set_grad_enabled(grad_mode):
+        y = mlp(x)
+    need_x, need_w1, need_w2 = (grad_mode and g for g in (x_grad, fc1_grad, fc2_grad))
+    below = need_x or need_w1
+    assert rec.take() == [("dual", need_w1, None, False), ("weight", need_x), ("gemm", "NT"),
+                          ("dual", need_w2, activation, False), ("weight", below), ("gemm", "NT")]
+    if not (below or need_w2):
+        assert not y.requires_grad
+        return
+    y.backward(torch.randn_like(y))
+    calls = rec.take()
+    expect = [("dual", need_w2, None, False)] + [("gemm", "TN")] * need_w2
+    if below:
+        fused = activation == "relu"        # ReLU without bias: its backward in the quantizer
+        expect += [("gemm", "NN"), ("dual", need_w1, activation if fused else None, fused)]
+        expect += [("gemm", "NN")] * need_x + [("gemm", "TN")] * need_w1
+    assert calls == expect
+    assert (x.grad is not None) == need_x
+    assert (mlp.fc1.weight.grad is not None) == need_w1 and (mlp.fc2.weight.grad is not None) == need_w2
+
+
+def test_rows_only_quantization_keeps_the_dual_row_layout():
+    """quantize_fp8_dual(columns=False)'s custom op (what torch.compile traces) allocates the row outputs as the
+    dual call does (s_row M-major, the layout the TMA kernel bulk-copies) and empty column outputs, which the
+    public function returns as None."""
+    from rocjit.ops import quant
+    fake = quant._dual_op()[1]
+    x = torch.empty(300, 264, dtype=torch.bfloat16)
+    q, s, qc, sc = fake(x, "e4m3fn", False, "gelu", None, False)
+    rq, rs, *_ = fake(x, "e4m3fn", True)
+    assert q.shape == rq.shape and q.dtype == rq.dtype
+    assert s.shape == rs.shape == (300, 3) and s.stride() == rs.stride() == (1, 300)
+    assert qc.numel() == 0 and sc.numel() == 0

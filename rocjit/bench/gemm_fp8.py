@@ -7,19 +7,20 @@ shape (each of our layouts gets its operands K-major from the quantizers, as the
 has cuBLASLt's peer for its own recipe, 1 x 128 scales on both operands (cublaslt_blockwise_1x128_1x128), its
 operands quantized as FP8Linear's backward quantizes them.
 Plus the training-step rows: forward + backward of an MLP block (Linear, GELU, Linear), rocjit.nn.FP8Linear (with
-torch's GELU between) and rocjit.nn.FP8MLP (the GELU fused into the quantizers) vs bf16 torch.nn.Linear. Every
-product is timed as CUDA-graph replays, so the rows are GPU time: events around eager calls timed the op's Python
-launch path wherever it outlasted the kernel (an H200 host that launched slowly read the op at 147 us for a 116 us
-kernel at 4096^3). Shapes > 256 rows are timed in rounds that take every implementation of the shape in turn (the
-order reversed every other round; each one's median over the rounds): timed one after the other, the later ones ran
-on a hotter, lower-clocked GPU (H100, 8192^3: the same NT call 1221 -> 1046 TFLOP/s over four consecutive timings,
-and NN, the same kernel timed right after NT, 7 - 12% slower than NT in single-pass runs). The compared
-implementations -- each layout of the op beside its peer -- take ROUNDS rounds among themselves; the per-config
-diagnostic rows below take their own rounds afterwards. Timed in one set of rounds with them, the peer of TN sat
-right after a dozen diagnostic kernels (some at a third of the op's rate, drawing less power) in two rounds of
-three, and TN read 0.79 - 0.88x of it where the same pair, timed alone in alternation, read 0.90 - 1.01x, and 0.89 -
-0.97x with the GPU idle before every timing (H200, four shapes, one run). An implementation that cannot be captured
-is timed with events, and a note says so. Products of <= 256 rows run over copies of the weight beyond L2
+torch's GELU between) and rocjit.nn.FP8MLP (the GELU fused into the quantizers) vs bf16 torch.nn.Linear, and the
+same three blocks' forward without grad mode (mlp_inference_fwd rows: the layers then skip the copies only the
+backward reads). Every product is timed as CUDA-graph replays, so the rows are GPU time: events around eager calls
+timed the op's Python launch path wherever it outlasted the kernel (an H200 host that launched slowly read the op at
+147 us for a 116 us kernel at 4096^3). Shapes > 256 rows are timed in rounds that take every implementation of the
+shape in turn (the order reversed every other round; each one's median over the rounds): timed one after the other,
+the later ones ran on a hotter, lower-clocked GPU (H100, 8192^3: the same NT call 1221 -> 1046 TFLOP/s over four
+consecutive timings, and NN, the same kernel timed right after NT, 7 - 12% slower than NT in single-pass runs). The
+compared implementations -- each layout of the op beside its peer -- take ROUNDS rounds among themselves; the
+per-config diagnostic rows below take their own rounds afterwards. Timed in one set of rounds with them, the peer of
+TN sat right after a dozen diagnostic kernels (some at a third of the op's rate, drawing less power) in two rounds
+of three, and TN read 0.79 - 0.88x of it where the same pair, timed alone in alternation, read 0.90 - 1.01x, and
+0.89 - 0.97x with the GPU idle before every timing (H200, four shapes, one run). An implementation that cannot be
+captured is timed with events, and a note says so. Products of <= 256 rows run over copies of the weight beyond L2
 (_weight_sets), as the skinny GEMMs are measured.
 The host_cost row is the host's side: µs per repeated eager call (no synchronize inside the loop, the GPU work short
 enough that the launch queue never fills) of the op, cuBLASLt blockwise and bf16 torch.matmul at 128 x 2112 x 7168.
@@ -295,7 +296,8 @@ def _wgmma_rows(result, xq, xs, qsets, M, N, K, op_nt, torch):
 
 def _training_step(result, quick, torch):
     """forward + backward of Linear(D, F) -> GELU -> Linear(F, D) on T tokens: FP8Linear (torch's GELU between) and
-    FP8MLP (the GELU fused into the quantizers) vs nn.Linear (bf16), in rounds that take the three in turn."""
+    FP8MLP (the GELU fused into the quantizers) vs nn.Linear (bf16), in rounds that take the three in turn; then
+    the forward alone under torch.no_grad(), the same way."""
     from rocjit.nn import FP8Linear, FP8MLP
     T, D, F = (4096, 2048, 8192) if quick else (8192, 4096, 14336)
     torch.manual_seed(0)
@@ -322,6 +324,27 @@ def _training_step(result, quick, torch):
     times = {name: statistics.median(v) for name, v in runs.items()}
     flops = 3 * 2 * 2.0 * T * D * F
     for case, name in (("mlp_train_step", "fp8"), ("mlp_train_step_fused_act", "fp8_mlp")):
+        row = H.add_row(result, case, (T, D, F), "fp8-blockwise vs bf16", times[name],
+                        {"torch_linear_bf16": times["bf16"]}, None, timing="events", tflops=flops / times[name] / 1e6,
+                        peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6},
+                        rounds_us={name: runs[name], "bf16": runs["bf16"]})
+        print(row, flush=True)
+
+    # the forward alone without grad mode (inference): the layers quantize x by row blocks only and W without its
+    # transposed copy, against the bf16 forward, in rounds as above
+    def forward(model):
+        def f():
+            with torch.no_grad():
+                model(x)
+        return f
+
+    runs = {name: [] for name, _ in models}
+    for r in range(1 if quick else ROUNDS):
+        for name, m in (models if r % 2 == 0 else models[::-1]):
+            runs[name].append(H.time_events(forward(m), warmup=3, reps=10))
+    times = {name: statistics.median(v) for name, v in runs.items()}
+    flops = 2 * 2.0 * T * D * F
+    for case, name in (("mlp_inference_fwd", "fp8"), ("mlp_inference_fwd_fused_act", "fp8_mlp")):
         row = H.add_row(result, case, (T, D, F), "fp8-blockwise vs bf16", times[name],
                         {"torch_linear_bf16": times["bf16"]}, None, timing="events", tflops=flops / times[name] / 1e6,
                         peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6},

@@ -204,23 +204,37 @@ def _weight_op():
     return impl, fake
 
 
+def _kmode(columns):
+    return _ROW_BLOCKS | _COL_BLOCKS if columns else _ROW_BLOCKS
+
+
+def _no_columns(x, fmt):
+    """The custom op's stand-ins for the column outputs of a rows-only call."""
+    tm = C.torch()
+    return x.new_empty((0,), dtype=C.fp8_torch_dtype(fmt)), x.new_empty((0,), dtype=tm.float32)
+
+
 def _dual_op():
     tm = C.torch()
     Tensor = tm.Tensor
 
     def impl(x: Tensor, fmt: str, transpose_col: bool, activation: Optional[str] = None,
-             grad: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             grad: Optional[Tensor] = None, columns: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         _check_activation("quantize_fp8_dual", x, activation, grad)
         _check_x("quantize_fp8_dual", x, two_d=True, fmt=fmt)
-        return _dual(x, fmt, transpose_col=transpose_col, act=activation, grad=grad)
+        res = _dual(x, fmt, _kmode(columns), transpose_col=transpose_col, act=activation, grad=grad)
+        # no column blocks: empty third and fourth outputs (the public function returns None for them)
+        return res if columns else (*res[:2], *_no_columns(x, fmt))
 
-    def fake(x, fmt, transpose_col, activation=None, grad=None):
+    def fake(x, fmt, transpose_col, activation=None, grad=None, columns=True):
         M, K = x.shape
         f8 = C.fp8_torch_dtype(fmt)
         kt = (K, M) if transpose_col else (M, K)
         s_col = x.new_empty((C.ceil_div(M, BLOCK), K), dtype=tm.float32)
-        return (x.new_empty(x.shape, dtype=f8), x.new_empty((C.ceil_div(K, BLOCK), M), dtype=tm.float32).t(),
-                x.new_empty(kt, dtype=f8), s_col.t() if transpose_col else s_col)
+        rows = (x.new_empty(x.shape, dtype=f8), x.new_empty((C.ceil_div(K, BLOCK), M), dtype=tm.float32).t())
+        if not columns:
+            return (*rows, *_no_columns(x, fmt))
+        return (*rows, x.new_empty(kt, dtype=f8), s_col.t() if transpose_col else s_col)
 
     return impl, fake
 
@@ -289,8 +303,9 @@ def _check_activation(op, xt, activation, grad):
         C.check_tensor(op, "grad", grad, dtypes=(xt.dtype,), shape=xt.shape, device=xt.device)
 
 
-@op(roles="TOOOOT", sources=(_SRC,), bench="quant", custom_op=_dual_op)
-def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=False, activation=None, grad=None):
+@op(roles="TOOOOTO", sources=(_SRC,), bench="quant", custom_op=_dual_op)
+def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=False, activation=None, grad=None,
+                      columns=True):
     """x [M, K] -> (q_row, s_row, q_col, s_col): 1 x 128 row blocks and 128 x 1 column blocks from one read.
     s_row [M, ceil(K/128)] is M-major (a transposed view, strides (1, M)): each K block's scales of consecutive rows
     lie together, the layout cuBLASLt's blockwise GEMM takes and the one gemm_fp8_blockwise's TMA kernel copies
@@ -302,14 +317,21 @@ def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=Fa
     activation= ("gelu", "gelu_tanh", "silu" or "relu") quantizes act(x) instead of x, the activation computed in
     fp32 and rounded to x's dtype in the same read (an MLP's activation fused into the quantization of its output);
     with grad= (the upstream gradient, x's shape and dtype, contiguous) it quantizes grad * act'(x), the activation's
-    backward with x its input. Formulas as torch's (gelu's default is the erf form; gelu_tanh its tanh form)."""
+    backward with x its input. Formulas as torch's (gelu's default is the erf form; gelu_tanh its tanh form).
+
+    columns=False makes the row blocks alone, (q_row, s_row, None, None), bit-identical to the dual call's: the
+    forward of a layer whose weight takes no gradient (inference, frozen weights) needs no column blocks."""
     name = "quantize_fp8_dual"
     xt, fw, fmt = _prepare(name, x, fp8_format, block, two_d=True)
     transpose_col = bool(transpose_col)
+    if not isinstance(columns, bool):
+        raise TypeError(f"{name}: columns must be True or False, got {columns!r}")
+    if transpose_col and not columns:
+        raise ValueError(f"{name}: transpose_col=True lays out the column blocks, and columns=False makes none")
     gt = C.torch_or_none(grad, "grad", name)
     _check_activation(name, xt, activation, gt)
     if C.compiling():
-        res = quantize_fp8_dual.__rocjit_op__.torch_op()(xt, fmt, transpose_col, activation, gt)
-        return C.convert_outputs(tuple(res), fw)
-    return call.done(C.convert_outputs(_dual(xt, fmt, call=call, transpose_col=transpose_col, act=activation,
-                                             grad=gt), fw))
+        res = tuple(quantize_fp8_dual.__rocjit_op__.torch_op()(xt, fmt, transpose_col, activation, gt, columns))
+        return C.convert_outputs(res if columns else (*res[:2], None, None), fw)
+    return call.done(C.convert_outputs(_dual(xt, fmt, _kmode(columns), call=call, transpose_col=transpose_col,
+                                             act=activation, grad=gt), fw))

@@ -414,6 +414,34 @@ def test_quantize_dual_fused_activation_checks():
     check_fp8(*_unsigned_zeros(q_row, a / f64(s_row).repeat(128, axis=1)[:, :256], "e4m3fn"), "e4m3fn")
 
 
+# quantize_fp8_dual(columns=False), the row blocks alone (an inference or frozen-weight forward): bit-identical to the
+# dual call's row outputs, on the per-tile kernel's 16- and 64-row tiles (M <= 2048 and above), aligned or not, with
+# and without a fused activation or its backward; outputs start as NaN codes, and the second call replays the plan
+@pytest.mark.parametrize("shape, dtype", [((300, 1001), torch.bfloat16), ((136, 4096), torch.float16),
+                                          ((2096, 1032), torch.bfloat16), ((4100, 1030), torch.float16)])
+@pytest.mark.parametrize("activation, backward", [(None, False), ("gelu", False), ("relu", True)])
+def test_quantize_rows_only_matches_the_dual(shape, dtype, activation, backward):
+    M, K = shape
+    torch.manual_seed(M + K)
+    z = rand(shape, dtype, 2.5)
+    g = rand(shape, dtype, 1.5) if backward else None
+    q_ref, s_ref, _, _ = ops.quantize_fp8_dual(z, activation=activation, grad=g)
+    for _ in range(2):
+        _dirty_allocator()
+        q, s, q_col, s_col = ops.quantize_fp8_dual(z, activation=activation, grad=g, columns=False)
+        assert q_col is None and s_col is None
+        assert s.shape == s_ref.shape and s.stride() == s_ref.stride() == (1, M)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+
+
+def test_quantize_rows_only_checks():
+    z = rand((64, 256), torch.bfloat16)
+    with pytest.raises(ValueError, match="columns=False makes none"):
+        ops.quantize_fp8_dual(z, transpose_col=True, columns=False)
+    with pytest.raises(TypeError, match="columns must be True or False"):
+        ops.quantize_fp8_dual(z, columns=None)
+
+
 def test_numpy_inputs_return_numpy():
     x = np.random.default_rng(0).standard_normal((5, 256)).astype(np.float16)
     w = np.ones(256, np.float16)

@@ -490,6 +490,66 @@ def test_fp8_linear_forward_backward_against_float64():
     assert ((y.reshape(T, F).double() - layer.bias.double() - exact).norm() / exact.norm()).item() < 0.08
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "frozen_weight", "frozen_input"])
+def test_fp8_linear_inference_and_frozen_layers(mode):
+    """Without grad mode, or with the weight or the input taking no gradient, the layer skips the copies its
+    backward would not read (rows-only quantization of x, W without its transposed copy): its output against the
+    float64 product of the operands as quantized, and the gradient it does compute against its own reference."""
+    from rocjit.nn import FP8Linear
+    T, D, F = 200, 264, 136
+    torch.manual_seed(5)
+    layer = FP8Linear(D, F, bias=True, device="cuda").requires_grad_(mode != "frozen_weight")
+    x = (torch.randn(T, D, device="cuda") * 2).bfloat16().requires_grad_(mode != "frozen_input")
+    with torch.set_grad_enabled(mode != "no_grad"):
+        y = layer(x)
+    assert y.requires_grad == (mode != "no_grad")
+    w = layer.weight.detach()
+    xq, xs, xc, xcs = ops.quantize_fp8_dual(x.detach())
+    wq, ws = ops.quantize_fp8_weight(w)
+    _close(y, _deq_rows(xq, xs) @ _deq_tiles(wq, ws).t() + layer.bias.double(), torch.bfloat16)
+    if mode == "no_grad":
+        return
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    gq, gs, gc, gcs = ops.quantize_fp8_dual(gy)
+    if mode == "frozen_weight":
+        assert layer.weight.grad is None and layer.bias.grad is None
+        _close(x.grad, _deq_rows(gq, gs) @ _deq_tiles(wq, ws), torch.bfloat16)
+    else:
+        col = lambda q, s: q.double() * s.double().repeat_interleave(128, 0)[:q.shape[0]]  # noqa: E731
+        assert x.grad is None
+        _close(layer.weight.grad, col(gc, gcs).t() @ col(xc, xcs), torch.bfloat16)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_fp8_mlp_inference_and_frozen_fc1(activation):
+    """FP8MLP without grad mode (rows-only quantizers, the activation fused into the second one) against the
+    float64 products stage by stage; then with fc1 frozen and the input not requiring grad, fc2's weight gradient
+    (no pass through fc2's dgrad) against its reference."""
+    from rocjit.nn import FP8MLP
+    T, D, Hd, O = 200, 264, 392, 136
+    torch.manual_seed(7)
+    mlp = FP8MLP(D, Hd, O, bias=False, activation=activation, device="cuda")
+    x = (torch.randn(T, D, device="cuda") * 2).bfloat16()
+    with torch.no_grad():
+        y = mlp(x)
+    w1, w2 = mlp.fc1.weight.detach(), mlp.fc2.weight.detach()
+    xq, xs, _, _ = ops.quantize_fp8_dual(x)
+    w1q, w1s = ops.quantize_fp8_weight(w1)
+    w2q, w2s = ops.quantize_fp8_weight(w2)
+    z = ops.gemm_fp8_blockwise(xq, xs, w1q, w1s, layout="NT", out_dtype=torch.bfloat16)
+    hq, hs, hc, hcs = ops.quantize_fp8_dual(z, activation=activation)
+    _close(y, _deq_rows(hq, hs) @ _deq_tiles(w2q, w2s).t(), torch.bfloat16)
+    mlp.fc1.requires_grad_(False)
+    y = mlp(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    assert mlp.fc1.weight.grad is None
+    gq, gs, gc, gcs = ops.quantize_fp8_dual(gy)
+    col = lambda q, s: q.double() * s.double().repeat_interleave(128, 0)[:q.shape[0]]  # noqa: E731
+    _close(mlp.fc2.weight.grad, col(gc, gcs).t() @ col(hc, hcs), torch.bfloat16)
+
+
 def test_fp8_training_follows_the_bf16_loss_curve():
     """A 2-layer MLP regresses a fixed random teacher for 60 Adam steps. Stated tolerance: from step 10 on, the
     FP8 loss stays within 15% (+ 2% of the initial loss) of the bf16 loss, and both fall below 40% of the start."""
