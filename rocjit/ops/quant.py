@@ -317,7 +317,9 @@ def quantize_fp8_dual(call, x, *, block=BLOCK, fp8_format=None, transpose_col=Fa
     activation= ("gelu", "gelu_tanh", "silu" or "relu") quantizes act(x) instead of x, the activation computed in
     fp32 and rounded to x's dtype in the same read (an MLP's activation fused into the quantization of its output);
     with grad= (the upstream gradient, x's shape and dtype, contiguous) it quantizes grad * act'(x), the activation's
-    backward with x its input. Formulas as torch's (gelu's default is the erf form; gelu_tanh its tanh form).
+    backward with x its input. The functions are torch's (gelu's default is the erf form, gelu_tanh its tanh form),
+    evaluated on the hardware's exp2 and reciprocal to about 1e-6 relative (quant_fp8.hip): a value can differ from
+    torch's by one step of x's dtype where it lies that close to a rounding boundary.
 
     columns=False makes the row blocks alone, (q_row, s_row, None, None), bit-identical to the dual call's: the
     forward of a layer whose weight takes no gradient (inference, frozen weights) needs no column blocks."""
