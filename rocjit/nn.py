@@ -161,7 +161,7 @@ def _check_activation(layer: str, activation) -> None:
 
 
 # the activations whose backward FP8MLP fuses into the quantizer (see the module docstring)
-_FUSED_BACKWARD = frozenset({"relu"})
+_FUSED_BACKWARD = frozenset({"gelu", "gelu_tanh", "silu", "relu"})
 
 
 def _activation_backward(activation: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
