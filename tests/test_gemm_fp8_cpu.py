@@ -452,9 +452,9 @@ def test_fp8_mlp_makes_only_the_copies_its_backward_reads(monkeypatch, grad_mode
                                                          activation):
     """FP8MLP: each Linear's copies as FP8Linear's, where 'x takes a gradient' for fc2 means anything below it
     does; only fc2 trainable: no pass through fc2's dgrad or the activation's backward."""
-    from rocjit.nn import FP8MLP
+    from rocjit import nn as rnn
     rec = _Recorder(monkeypatch)
-    mlp = FP8MLP(256, 384, 128, bias=False, activation=activation)
+    mlp = rnn.FP8MLP(256, 384, 128, bias=False, activation=activation)
     mlp.fc1.requires_grad_(fc1_grad)
     mlp.fc2.requires_grad_(fc2_grad)
     x = torch.randn(200, 256).to(torch.bfloat16).requires_grad_(x_grad)
@@ -471,7 +471,7 @@ def test_fp8_mlp_makes_only_the_copies_its_backward_reads(monkeypatch, grad_mode
     calls = rec.take()
     expect = [("dual", need_w2, None, False)] + [("gemm", "TN")] * need_w2
     if below:
-        fused = activation == "relu"        # ReLU without bias: its backward in the quantizer
+        fused = activation in rnn._FUSED_BACKWARD      # no bias: the activation's backward in the quantizer
         expect += [("gemm", "NN"), ("dual", need_w1, activation if fused else None, fused)]
         expect += [("gemm", "NN")] * need_x + [("gemm", "TN")] * need_w1
     assert calls == expect
