@@ -18,11 +18,11 @@ blocks alone (quantize_fp8_dual(columns=False)) and W without its transposed cop
 `FP8MLP` is Linear -> activation -> Linear (GELU, tanh-GELU, SiLU or ReLU) in one autograd function, with the
 activation fused into the quantizers (quantize_fp8_dual(activation=...)): the forward quantizes act(z) straight
 from the first GEMM's output z, so act(z) is never written in bf16 and no activation kernel runs. The backward
-quantizes grad_h * relu'(z) straight from the second GEMM's dgrad for ReLU; for the GELUs and SiLU it runs torch's
-activation backward and then the plain quantizer, which was faster: their derivatives (erf and exp per element) make
-the fused quantizer arithmetic-bound (H200, 8192 x 14336: GELU's backward fused 372 us against 357 for torch's
-backward and the quantizer; ReLU's fused 237, where the two kernels would take about 356: torch's ReLU backward
-moves the bytes GELU's does, 202 us, and the plain quantizer takes 154).
+quantizes grad_h * act'(z) straight from the second GEMM's dgrad (quantize_fp8_dual(z, activation=, grad=)), so the
+activation's gradient is not written either; only where fc1's bias takes a gradient, which needs that tensor
+itself, does it run torch's activation backward and the plain quantizer. (H200, 8192 x 14336: GELU's backward fused
+302 us against 357 for torch's backward and the quantizer; in the whole training step a tie within the rounds'
+spread. With torch's erff form the fused one took 372 and only ReLU's was fused; see quant_fp8.hip.)
 It saves z (bf16) for the backward, as torch's activation saves its input.
 
     mlp = rocjit.nn.FP8MLP(4096, 14336, activation="gelu", bias=False)
@@ -160,7 +160,7 @@ def _check_activation(layer: str, activation) -> None:
         raise ValueError(f"{layer}: activation must be one of {allowed}, got {activation!r}")
 
 
-# the activations whose backward FP8MLP fuses into the quantizer (see the module docstring)
+# the activations whose backward FP8MLP fuses into the quantizer (all of them; see the module docstring)
 _FUSED_BACKWARD = frozenset({"gelu", "gelu_tanh", "silu", "relu"})
 
 

@@ -591,8 +591,8 @@ def _follows_bf16(make_fp8):
 def test_fp8_mlp_forward_backward_against_float64(activation, bias):
     """FP8MLP (the activation fused into the quantizers) against float64 products of the operands as its recipe
     quantizes them: x and act(z) 1 x 128, the weights 128 x 128, the gradients 1 x 128 (and 128 x 1 for wgrad).
-    Odd sizes: tokens 200 (wgrad's K tail), in 264, hidden 392, out 136. ReLU without bias takes the backward fused
-    into the quantizer, the others torch's activation backward and the plain quantizer."""
+    Odd sizes: tokens 200 (wgrad's K tail), in 264, hidden 392, out 136. Without a bias (SiLU, ReLU) the
+    activation's backward is fused into the quantizer; with one, torch's activation backward and the plain quantizer."""
     from rocjit.nn import FP8MLP
     T, D, Hd, O = 200, 264, 392, 136
     torch.manual_seed(3)
