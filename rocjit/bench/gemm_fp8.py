@@ -314,39 +314,28 @@ def _training_step(result, quick, torch):
             y.backward(gy)
         return f
 
-    # ROUNDS rounds, median of each, as the GEMM rows: timed once each, fp8 then bf16, the bf16 step read 8814 us in
-    # one H200 run and 7870 in the next on the same code
-    models = (("fp8", fp8), ("fp8_mlp", fused), ("bf16", ref))
-    runs = {name: [] for name, _ in models}
-    for r in range(1 if quick else ROUNDS):
-        for name, m in (models if r % 2 == 0 else models[::-1]):
-            runs[name].append(H.time_events(step(m), warmup=3, reps=10))
-    times = {name: statistics.median(v) for name, v in runs.items()}
-    flops = 3 * 2 * 2.0 * T * D * F
-    for case, name in (("mlp_train_step", "fp8"), ("mlp_train_step_fused_act", "fp8_mlp")):
-        row = H.add_row(result, case, (T, D, F), "fp8-blockwise vs bf16", times[name],
-                        {"torch_linear_bf16": times["bf16"]}, None, timing="events", tflops=flops / times[name] / 1e6,
-                        peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6},
-                        rounds_us={name: runs[name], "bf16": runs["bf16"]})
-        print(row, flush=True)
-
-    # the forward alone without grad mode (inference): the layers quantize x by row blocks only and W without its
-    # transposed copy, against the bf16 forward, in rounds as above
     def forward(model):
         def f():
             with torch.no_grad():
                 model(x)
         return f
 
-    runs = {name: [] for name, _ in models}
-    for r in range(1 if quick else ROUNDS):
-        for name, m in (models if r % 2 == 0 else models[::-1]):
-            runs[name].append(H.time_events(forward(m), warmup=3, reps=10))
-    times = {name: statistics.median(v) for name, v in runs.items()}
-    flops = 2 * 2.0 * T * D * F
-    for case, name in (("mlp_inference_fwd", "fp8"), ("mlp_inference_fwd_fused_act", "fp8_mlp")):
-        row = H.add_row(result, case, (T, D, F), "fp8-blockwise vs bf16", times[name],
-                        {"torch_linear_bf16": times["bf16"]}, None, timing="events", tflops=flops / times[name] / 1e6,
-                        peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6},
-                        rounds_us={name: runs[name], "bf16": runs["bf16"]})
-        print(row, flush=True)
+    # ROUNDS rounds, median of each, as the GEMM rows: timed once each, fp8 then bf16, the bf16 step read 8814 us in
+    # one H200 run and 7870 in the next on the same code. Then the forward alone without grad mode (inference: the
+    # layers quantize x by row blocks only and W without its transposed copy), the same way.
+    models = (("fp8", fp8), ("fp8_mlp", fused), ("bf16", ref))
+    for make, passes, cases in ((step, 3, ("mlp_train_step", "mlp_train_step_fused_act")),
+                                (forward, 1, ("mlp_inference_fwd", "mlp_inference_fwd_fused_act"))):
+        runs = {name: [] for name, _ in models}
+        for r in range(1 if quick else ROUNDS):
+            for name, m in (models if r % 2 == 0 else models[::-1]):
+                runs[name].append(H.time_events(make(m), warmup=3, reps=10))
+        times = {name: statistics.median(v) for name, v in runs.items()}
+        flops = passes * 2 * 2.0 * T * D * F
+        for case, name in zip(cases, ("fp8", "fp8_mlp")):
+            row = H.add_row(result, case, (T, D, F), "fp8-blockwise vs bf16", times[name],
+                            {"torch_linear_bf16": times["bf16"]}, None, timing="events",
+                            tflops=flops / times[name] / 1e6,
+                            peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6},
+                            rounds_us={name: runs[name], "bf16": runs["bf16"]})
+            print(row, flush=True)
