@@ -363,6 +363,9 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 // of 56 K blocks): each tile's K blocks are cut into `splits` ranges, each a work unit of its own, whose fp32
 // partials go to ws [splits, M, N] (C^T's layout with TRANS_C); the host sums them in split order
 // (gemm_fp8_splitk_sum), so the result does not depend on timing. splits == 1 writes C directly (ws unused).
+// Tail split (tail > 1, for products whose tiles leave the grid's last round partly empty: 4096 x 4096 on 192 x 128
+// tiles is 704 tiles, 5.33 rounds of 132 blocks): the tiles of the whole rounds run whole, the last round's are each
+// cut into `tail` K ranges, whose partials (ws, one BM x BN slab per unit) gemm_fp8_tail_sum adds in range order.
 
 namespace gemm8_sm90 {
 
@@ -448,7 +451,7 @@ ROCJIT_INLINE void store_fragment16(OT* c, long long ldc, const float (&acc)[R],
 template <class OT, int SLABS, int BN, int STAGES, bool PIPE, int CLUSTER, bool SB_ROWS, bool TRANS_C, bool VEC_OUT,
           int MWG = 2>
 ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT* __restrict__ c,
-                            float* __restrict__ ws, int splits, const float* __restrict__ sa,
+                            float* __restrict__ ws, int splits, int tail, const float* __restrict__ sa,
                             const float* __restrict__ sb, int M, int N, int K, long long ldc, long long sa_m,
                             long long sa_k, long long sb_n, long long sb_k) {
 #if ROCJIT_HAS_WGMMA
@@ -484,13 +487,31 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     const int kblocks = (K + kRow - 1) / kRow;
     // work units: tiles (pairs with CLUSTER 2), each cut into `splits` ranges of whole K blocks (1 <= splits <=
     // kblocks, the host sees to it); unit u is split u % splits of tile u / splits
-    const int units = (M + BM - 1) / BM * ((N + BN * CLUSTER - 1) / (BN * CLUSTER)) * splits;
-    const int first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
-    auto tile = [&](int u, int& m0, int& n0, int& kb0, int& kb1, int& sp) {
-        const int t = u / splits;
-        sp = u - t * splits;
-        kb0 = (int)((long long)sp * kblocks / splits);
-        kb1 = (int)((long long)(sp + 1) * kblocks / splits);
+    // Tail split (tail > 1, splits == 1, no cluster): the tiles that fill whole rounds of the grid run whole; the
+    // `rem` left for a last, partly empty round are each cut into `tail` K ranges, so that round's units are
+    // 1 / tail as long. Their fp32 partials go to ws as [rem * tail][BM x BN] (unit-major, each tile's rows whole),
+    // summed in range order into C by gemm_fp8_tail_sum.
+    const int step = gridDim.x / CLUSTER, first = blockIdx.x / CLUSTER;
+    const int tiles = (M + BM - 1) / BM * ((N + BN * CLUSTER - 1) / (BN * CLUSTER));
+    const int tail_parts = CLUSTER == 1 && splits == 1 && tail > 1 ? tail : 1;
+    const int rem = tail_parts > 1 ? tiles % step : 0, whole = tiles - rem;
+    const int units = tail_parts > 1 ? whole + rem * tail_parts : tiles * splits;
+    // unit u -> its tile, K block range and split sp; slab >= 0: a tail unit's partial slab in ws, else -1
+    auto tile = [&](int u, int& m0, int& n0, int& kb0, int& kb1, int& sp, int& slab) {
+        int t, parts;
+        slab = -1;
+        if (u < whole || tail_parts == 1) {
+            parts = splits;
+            t = u / splits;
+            sp = u - t * splits;
+        } else {
+            parts = tail_parts;
+            slab = u - whole;
+            t = whole + slab / tail_parts;
+            sp = slab % tail_parts;
+        }
+        kb0 = (int)((long long)sp * kblocks / parts);
+        kb1 = (int)((long long)(sp + 1) * kblocks / parts);
         tile_of<BM, BN * CLUSTER>(t, M, N, m0, n0);
         n0 += rank * BN;
     };
@@ -518,8 +539,8 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             }
             int it = 0;                         // K blocks copied so far, over every tile of this block
             for (int u = first; u < units; u += step) {
-                int m0, n0, kb0, kb1, sp;
-                tile(u, m0, n0, kb0, kb1, sp);
+                int m0, n0, kb0, kb1, sp, slab;
+                tile(u, m0, n0, kb0, kb1, sp, slab);
                 for (int kb = kb0; kb < kb1; ++kb, ++it) {
                     const int s = it % STAGES, round = it / STAGES;
                     if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
@@ -654,8 +675,8 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
         int ring_s = 0;                         // !PIPE: the ring stage of the next K block, and its phase
         unsigned ring_ph = 0;
         for (int u = first; u < units; u += step) {
-            int m0, n0, kb1, sp;
-            tile(u, m0, n0, kb_base, kb1, sp);
+            int m0, n0, kb1, sp, slab;
+            tile(u, m0, n0, kb_base, kb1, sp, slab);
             nkb = kb1 - kb_base;
 #pragma unroll
             for (int e = 0; e < kR; ++e) {
@@ -750,6 +771,21 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                     last(kb, part);
                 }
             }
+            if (slab >= 0) {                    // a tail unit: its fp32 partials, the whole BM x BN tile row-major
+                float* w = ws + (long long)slab * BM * BN;
+#pragma unroll
+                for (int j = 0; j < SLABS; ++j) {
+                    const int r0 = (cg * SLABS + j) * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+                    for (int q = 0; q < kR / 4; ++q) {
+                        const int col = 8 * q + col_in_8;
+                        store_vec<2>(w + (long long)r0 * BN + col, vec<float, 2>{{acc[j][4 * q], acc[j][4 * q + 1]}});
+                        store_vec<2>(w + (long long)(r0 + 8) * BN + col,
+                                     vec<float, 2>{{acc[j][4 * q + 2], acc[j][4 * q + 3]}});
+                    }
+                }
+                continue;
+            }
             if (splits > 1) {                   // fp32 partials of split sp, laid out as C (or C^T)
                 float* w = ws + (long long)sp * M * N;
                 const long long ldw = TRANS_C ? M : N;
@@ -787,7 +823,8 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     // no block leaves while the other may still multicast into its ring or arrive on its barriers
     if constexpr (CLUSTER > 1) cluster_sync();
 #else
-    (void)tma_a; (void)tma_b; (void)c; (void)ws; (void)splits; (void)sa; (void)sb; (void)M; (void)N; (void)K;
+    (void)tma_a; (void)tma_b; (void)c; (void)ws; (void)splits; (void)tail; (void)sa; (void)sb; (void)M; (void)N;
+    (void)K;
     (void)ldc; (void)sa_m; (void)sa_k; (void)sb_n; (void)sb_k;
     unsupported_on_target();   // TMA and wgmma need sm_90a: the host never launches this elsewhere
 #endif
@@ -799,20 +836,20 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
 template <class OT, int SLABS, int BN, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 __launch_bounds__(384, 1) __global__ void gemm_fp8_blockwise_tma_kernel(
     ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
-    float* __restrict__ ws, int splits, const float* __restrict__ sa, const float* __restrict__ sb, int M, int N,
-    int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
-    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 1, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, ws, splits, sa, sb,
-                                                                               M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
+    float* __restrict__ ws, int splits, int tail, const float* __restrict__ sa, const float* __restrict__ sb, int M,
+    int N, int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 1, SB_ROWS, TRANS_C, VEC_OUT>(
+        tma_a, tma_b, c, ws, splits, tail, sa, sb, M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
 }
 
 // The same in clusters of 2 blocks sharing each A tile (the grid a multiple of 2).
 template <class OT, int SLABS, int BN, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 __launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))) gemm_fp8_blockwise_tma2_kernel(
     ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
-    float* __restrict__ ws, int splits, const float* __restrict__ sa, const float* __restrict__ sb, int M, int N,
-    int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
-    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 2, SB_ROWS, TRANS_C, VEC_OUT>(tma_a, tma_b, c, ws, splits, sa, sb,
-                                                                               M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
+    float* __restrict__ ws, int splits, int tail, const float* __restrict__ sa, const float* __restrict__ sb, int M,
+    int N, int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+    gemm8_sm90::tma_gemm<OT, SLABS, BN, STAGES, PIPE, 2, SB_ROWS, TRANS_C, VEC_OUT>(
+        tma_a, tma_b, c, ws, splits, tail, sa, sb, M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
 }
 
 // Three math warpgroups of one m64 slab each: 192 x 128 tiles, 512 threads. While one warpgroup promotes its
@@ -821,10 +858,10 @@ __launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))
 template <class OT, int STAGES, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
 __launch_bounds__(512, 1) __global__ void gemm_fp8_blockwise_tma3_kernel(
     ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
-    float* __restrict__ ws, int splits, const float* __restrict__ sa, const float* __restrict__ sb, int M, int N,
-    int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+    float* __restrict__ ws, int splits, int tail, const float* __restrict__ sa, const float* __restrict__ sb, int M,
+    int N, int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
     gemm8_sm90::tma_gemm<OT, 1, 128, STAGES, false, 1, SB_ROWS, TRANS_C, VEC_OUT, 3>(
-        tma_a, tma_b, c, ws, splits, sa, sb, M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
+        tma_a, tma_b, c, ws, splits, tail, sa, sb, M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
 }
 
 // Split-K's second kernel: C (or C^T), contiguous, = the sum of the splits' fp32 partials ws [splits, rows x cols],
@@ -838,6 +875,25 @@ __global__ void gemm_fp8_splitk_sum(const float* __restrict__ ws, OT* __restrict
     float v = 0.0f;
     for (int s = 0; s < splits; ++s) v += ws[s * n + i];
     c[i] = from_float<OT>(v);
+}
+
+// Tail split's second kernel: tile full + blockIdx.y of the TMA kernel's BM x BN tiles (the same grouped raster) =
+// the sum of its `parts` fp32 partial slabs ws [(blockIdx.y * parts + p)][BM x BN], added in range order, into C
+// (or C^T), rows past M and columns past N dropped.
+template <class OT, int BM, int BN, bool TRANS_C>
+__global__ void gemm_fp8_tail_sum(const float* __restrict__ ws, OT* __restrict__ c, int full, int parts, int M, int N,
+                                  long long ldc) {
+    int m0, n0;
+    gemm8_sm90::tile_of<BM, BN>(full + (int)blockIdx.y, M, N, m0, n0);
+    const float* w = ws + (long long)blockIdx.y * parts * BM * BN;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < BM * BN; e += gridDim.x * blockDim.x) {
+        const int m = m0 + e / BN, n = n0 + e % BN;
+        if (m >= M || n >= N) continue;
+        float v = 0.0f;
+        for (int p = 0; p < parts; ++p) v += w[(long long)p * BM * BN + e];
+        if (TRANS_C) c[(long long)n * ldc + m] = from_float<OT>(v);
+        else c[(long long)m * ldc + n] = from_float<OT>(v);
+    }
 }
 
 // The TMA kernel's scale layout (each K block's R scales contiguous, R rounded up to 4 and zero-filled: one bulk
@@ -881,4 +937,7 @@ __global__ void gemm_fp8_scales_kblock_rows(const float* __restrict__ s, long lo
 // rocjit:check gemm_fp8_splitk_sum<__hip_bfloat16>
 // rocjit:check gemm_fp8_splitk_sum<float>
 // rocjit:check gemm_fp8_splitk_sum<__half>
+// rocjit:check gemm_fp8_tail_sum<__hip_bfloat16, 256, 128, false>
+// rocjit:check gemm_fp8_tail_sum<float, 192, 128, true>
+// rocjit:check gemm_fp8_tail_sum<__half, 128, 192, false>
 // rocjit:check gemm_fp8_scales_kblock_rows

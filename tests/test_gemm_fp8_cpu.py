@@ -142,6 +142,27 @@ def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
     assert G.smem_bytes(split[0]) == G.smem_bytes({k: v for k, v in split[0].items() if k != "splits"})
 
 
+def test_tail_split_twins_where_the_last_round_is_at_most_half_full():
+    cands = G.candidates("sm_90a", 227 * 1024)
+    # TN 4096 x 4096 x 7168 (56 K blocks): 192 x 128 -> 704 tiles, 44 in the last round -> 3 ranges; 128 x 128 ->
+    # 1024 tiles, 100 left (more than half): none; 256 x 128 -> 512, 116 left: none; 128 x 192 -> 704, 44: 3
+    tail = G.tail_candidates(4096, 4096, 7168, 132, cands)
+    assert {(c["bm"], c["bn"], c["tail"]) for c in tail} == {(192, 128, 3), (128, 192, 3)}
+    assert all(c["kernel"] == "tma" and c["cluster"] == 1 and "splits" not in c for c in tail)
+    assert all(dict((k, v) for k, v in c.items() if k != "tail") in cands for c in tail)
+    # K ranges of at least SPLIT_MIN_KBLOCKS K blocks: K = 1024 (8 blocks) allows 2
+    assert {c["tail"] for c in G.tail_candidates(4096, 4096, 1024, 132, cands)} == {2}
+    # fewer tiles than multiprocessors (split-K's case), or whole rounds: none
+    assert G.tail_candidates(128, 2112, 7168, 132, cands) == []
+    assert G.tail_candidates(4224, 4096, 7168, 132, [c for c in cands if c.get("bm") == 192]) != []
+    assert G.tail_candidates(132 * 192, 128, 7168, 132, cands) == [] or \
+        all(c["bm"] != 192 for c in G.tail_candidates(132 * 192, 128, 7168, 132, cands))
+    # the default is what it was: the tuner times the twins
+    assert "tail" not in G.default_config(4096, 4096, 132, cands + tail)
+    assert G.default_config(4096, 4096, 132, cands + tail) == G.default_config(4096, 4096, 132, cands)
+    assert G.smem_bytes(tail[0]) == G.smem_bytes({k: v for k, v in tail[0].items() if k != "tail"})
+
+
 def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     """Every checked instantiation of the wgmma kernel: no spills, warpgroup MMAs in the SASS, registers that let
     one block of its largest config run per multiprocessor, and each tuner candidate's template built."""
@@ -157,7 +178,9 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     assert len(sums) == 3 and all(int(r["registers"]) <= 64 for r in sums)
     moves = [r for r in rows if r["kernel"].startswith("gemm_fp8_scales_kblock_rows")]    # the scale layout's copy
     assert len(moves) == 1 and int(moves[0]["registers"]) <= 64
-    rows = [r for r in rows if r not in sums and r not in moves]
+    tails = [r for r in rows if r["kernel"].startswith("gemm_fp8_tail_sum")]      # the tail split's second kernel
+    assert len(tails) == 3 and all(int(r["registers"]) <= 64 and r["spills"]["stores"] == 0 for r in tails)
+    rows = [r for r in rows if r not in sums and r not in moves and r not in tails]
     assert all(int(r["matrix"]) >= 4 for r in rows)          # 4 k32 steps of m64n128k32 per K block
     for r in rows:
         if "_tma" in r["kernel"]:           # 384 / 512 threads; setmaxnreg moves registers between the warpgroups

@@ -37,7 +37,9 @@ Decisions:
   fed (H200, TN 8192^3: 960 TFLOP/s against 885 for the best two-warpgroup tile). Products with fewer tiles than
   multiprocessors get split-K twins of its 128-row tiles (split_candidates: K blocks cut into ranges, fp32
   partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against
-  24.5 unsplit).
+  24.5 unsplit). Products whose tiles leave the grid's last round at most half full get tail-split twins
+  (tail_candidates: that round's tiles cut into K ranges, their partials summed by gemm_fp8_tail_sum), which the
+  tuner times; the built-in default stays unsplit.
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
 - Decode (M <= 32 rows, operands K-major as in NT, B scales per 128 x 128 tile, C not transposed, NVIDIA sm_89+):
   skinny_gemm_blockwise_kernel (skinny_gemm.hip, rocjit.ops.skinny's matrix-core kernel with the scales applied per
@@ -164,6 +166,28 @@ def split_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> lis
 WIDE_TILE_EFFICIENCY = 0.95
 
 
+# Tail split for the TMA kernel: where the tiles leave the grid's last round partly empty (H200, TN 4096 x 4096 x 7168
+# on 192 x 128 tiles: 704 tiles, 5.33 rounds of 132; M = 3840, 640 tiles in 5 rounds, ran at 1031 TFLOP/s against
+# 955), the last round's tiles are cut into `tail` K ranges, one block each, summed by a second kernel.
+def tail_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> list[dict]:
+    """Tail-split twins ("tail": s) of the one-block TMA tiles for products of more tiles than multiprocessors whose
+    last round fills at most half of them: s the most K ranges that keep that round one wave (rem x s <= sms) with
+    >= SPLIT_MIN_KBLOCKS K blocks each."""
+    kblocks = C.ceil_div(K, BLOCK)
+    out = []
+    for c in cands:
+        if c.get("kernel") != "tma" or c["cluster"] != 1 or "splits" in c or "tail" in c:
+            continue
+        tiles = C.ceil_div(M, c["bm"]) * C.ceil_div(N, c["bn"])
+        rem = tiles % sms
+        if tiles <= sms or rem == 0 or 2 * rem > sms:
+            continue
+        s = min(sms // rem, kblocks // SPLIT_MIN_KBLOCKS)
+        if s >= 2:
+            out.append(dict(c, tail=s))
+    return out
+
+
 def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
     """Where cands hold split-K twins (split_candidates): the one with the most work units (tiles x splits), the
     wider tile on a tie, pipelined partials before not (H200, M = 64: 7168 x 16384 42.0 us on 128 x 192 in 3 ranges
@@ -187,7 +211,7 @@ def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
     by_bm = {}                                     # per tile height: pipelined partials where a candidate has them
     for c in cands:
         if c.get("kernel") == "tma" and c["cluster"] == 1 and c["bn"] == 128 and "splits" not in c \
-                and c["bm"] != 192 and (c["bm"] not in by_bm or c["pipe"]):
+                and "tail" not in c and c["bm"] != 192 and (c["bm"] not in by_bm or c["pipe"]):
             by_bm[c["bm"]] = c
     tma = [by_bm[bm] for bm in sorted(by_bm, reverse=True)]
     wide = next((c for c in cands if c.get("kernel") == "tma" and c["bn"] == 192), None)
@@ -337,8 +361,10 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     address; cuda.tensor_map_2d keeps them per address), which an eager plan makes again from each call's operands
     (Call.derive); the scales laid out as its bulk copies read them (_k_block_rows); with split-K, its fp32 partials
     in the stream's workspace, summed into c in split order by gemm_fp8_splitk_sum."""
-    bm, cluster, splits = cfg["bm"], cfg["cluster"], cfg.get("splits", 1)
+    bm, cluster, splits, tail = cfg["bm"], cfg["cluster"], cfg.get("splits", 1), cfg.get("tail", 0)
     kernel, grid, block = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
+    tiles = C.ceil_div(M, bm) * C.ceil_div(N, cfg["bn"])
+    rem = tiles % grid if tail > 1 else 0          # the tiles of the last round, cut into `tail` K ranges
     sa = _k_block_rows(sa, M, K, call)
     if sb_rows:
         sb = _k_block_rows(sb, N, K, call)
@@ -350,13 +376,19 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     if splits > 1:
         ws = call.const(G._stream_workspace(c.device, splits * M * N))
         call.bind_stream()
+    elif rem:
+        ws = call.const(G._stream_workspace(c.device, rem * tail * bm * cfg["bn"]))
+        call.bind_stream()
     else:
         ws = call.const(C.dummy_f32(c.device.index or 0))
-    call.launch(kernel, grid, block, ta, tb, c, ws, splits, sa[0], sb[0], M, N, K, c.stride(0), sa[1], sa[2],
-                sb[1], sb[2], shared_mem=smem_bytes(cfg))
+    call.launch(kernel, grid, block, ta, tb, c, ws, splits, tail if rem else 0, sa[0], sb[0], M, N, K, c.stride(0),
+                sa[1], sa[2], sb[1], sb[2], shared_mem=smem_bytes(cfg))
     if splits > 1:
         rows, cols = c.shape                     # C [M, N] or C^T [N, M], contiguous; the partials laid out alike
         call.launch(_reducer(c.dtype), C.ceil_div(rows * cols, 256), 256, ws, c, splits, rows, cols)
+    elif rem:
+        call.launch(_tail_reducer(c.dtype, bm, cfg["bn"], trans_c), (8, rem), 256, ws, c, tiles - rem, tail, M, N,
+                    c.stride(0))
     return c
 
 
@@ -365,6 +397,12 @@ def _reducer(dtype):
     """gemm_fp8_splitk_sum: the TMA kernel's split-K partials (already scaled) summed in split order into a C of
     `dtype`."""
     return C.module(SRC_SM90)[f"gemm_fp8_splitk_sum<{G.ctype(dtype)}>"]
+
+
+@functools.lru_cache(maxsize=None)
+def _tail_reducer(dtype, bm: int, bn: int, trans_c: bool):
+    """gemm_fp8_tail_sum: the tail split's partial slabs summed in range order into the last round's tiles of C."""
+    return C.module(SRC_SM90)[f"gemm_fp8_tail_sum<{G.ctype(dtype)}, {bm}, {bn}, {C.cbool(trans_c)}>"]
 
 
 def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
@@ -378,7 +416,9 @@ def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
         name = f"{kname}<{G.ctype(od)}, {bm // 128}, {bn}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, {flags}>"
     # persistent: at most one block per multiprocessor (pairs of them with clusters), each walking its tiles
     units = C.ceil_div(M, bm) * C.ceil_div(N, bn * cluster) * cfg.get("splits", 1)
-    grid = min(units, G._device(dev)[2] // cluster) * cluster
+    sms = G._device(dev)[2]
+    # a tail split takes every multiprocessor: the kernel finds the last round's tiles from its grid
+    grid = sms if cfg.get("tail", 0) > 1 and cluster == 1 else min(units, sms // cluster) * cluster
     return C.module(SRC_SM90)[name], grid, threads(cfg, "sm_90a")
 
 
@@ -474,7 +514,7 @@ def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     _, devname, sms = G._device(dev)
     decode = decode_candidates(target, M, N, b_km.shape[1], sms, sb_rows, trans_c)
     cands = decode + candidates(target, _smem_limit(dev))
-    cands += split_candidates(M, N, K, sms, cands)
+    cands += split_candidates(M, N, K, sms, cands) + tail_candidates(M, N, K, sms, cands)
     default = decode_default(M, N, b_km.shape[1], sms, decode) if decode else default_config(M, N, sms, cands)
 
     copies = []

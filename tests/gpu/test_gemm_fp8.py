@@ -182,6 +182,43 @@ def test_split_k_through_the_op_and_a_graph():
     _close(got, ref, torch.bfloat16)
 
 
+# Tail split of the TMA kernel: the tiles of the grid's whole rounds run whole, the last round's are cut into K ranges
+# (one BM x BN partial slab each) and summed by gemm_fp8_tail_sum. Every one-block TMA tile; shapes whose last round
+# is partly full (and, at 2300 x 1790 on 256 x 128 tiles, fewer tiles than multiprocessors: every tile split), M / N /
+# K tails, per-row B scales, the transposed store, fp32 out; then the 192 x 128 tile's launches in a CUDA graph.
+@pytest.mark.parametrize("M, N, K, sb_rows, trans_c, od", [(2400, 1800, 1100, False, False, torch.bfloat16),
+                                                           (2300, 1790, 2100, True, True, torch.float32)])
+def test_tma_kernel_tail_split_against_float64(M, N, K, sb_rows, trans_c, od):
+    target = _need_sm90a("TMA")
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + K)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    sa, sb = G._strided(xs), G._strided(ws)
+    want = ref.t() if trans_c else ref
+    cmp_dtype = torch.bfloat16 if od == torch.float16 else od
+    tma = [c for c in G.candidates(target, G._smem_limit(0), sm90=True)
+           if c.get("kernel") == "tma" and c["cluster"] == 1]
+    assert len(tma) >= 4
+    for cfg in tma:
+        for tail in (2, 3):
+            out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=od)
+            G._launch(dict(cfg, tail=tail), out, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c)
+            _close(out, want, cmp_dtype)
+    cfg = dict(next(c for c in tma if c["bm"] == 192), tail=3)
+    out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=od)
+    G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c)      # compiled outside the capture
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(out, want, cmp_dtype)
+
+
 def _kb_major(s, offset=0):
     """s [R, KB]'s values in memory laid out [KB, R] (R contiguous), starting `offset` floats into a buffer."""
     buf = torch.full((s.numel() + offset,), float("nan"), device=s.device, dtype=s.dtype)
