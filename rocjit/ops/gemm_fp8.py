@@ -360,7 +360,8 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
     """The TMA kernel: the operands go in as tensor maps (by-value kernel parameters, encoded by the driver for each
     address; cuda.tensor_map_2d keeps them per address), which an eager plan makes again from each call's operands
     (Call.derive); the scales laid out as its bulk copies read them (_k_block_rows); with split-K, its fp32 partials
-    in the stream's workspace, summed into c in split order by gemm_fp8_splitk_sum."""
+    in the stream's workspace, summed into c in split order by gemm_fp8_splitk_sum; with a tail split, the last
+    round's partial slabs there, summed into their tiles by gemm_fp8_tail_sum."""
     bm, cluster, splits, tail = cfg["bm"], cfg["cluster"], cfg.get("splits", 1), cfg.get("tail", 0)
     kernel, grid, block = _tma_kernel(cfg, c.dtype, sb_rows, trans_c, vec_out, M, N, c.device.index or 0)
     tiles = C.ceil_div(M, bm) * C.ceil_div(N, cfg["bn"])
