@@ -160,8 +160,8 @@ def _check_activation(layer: str, activation) -> None:
         raise ValueError(f"{layer}: activation must be one of {allowed}, got {activation!r}")
 
 
-# the activations whose backward FP8MLP fuses into the quantizer (all of them; see the module docstring)
-_FUSED_BACKWARD = frozenset({"gelu", "gelu_tanh", "silu", "relu"})
+# the activations whose backward FP8MLP fuses into the quantizer: every one it takes (see the module docstring)
+_FUSED_BACKWARD = frozenset(a for a in ACTIVATIONS if a is not None)
 
 
 def _activation_backward(activation: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
