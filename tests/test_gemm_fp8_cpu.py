@@ -157,9 +157,20 @@ def test_tail_split_twins_where_the_last_round_is_at_most_half_full():
     assert G.tail_candidates(4224, 4096, 7168, 132, [c for c in cands if c.get("bm") == 192]) != []
     assert G.tail_candidates(132 * 192, 128, 7168, 132, cands) == [] or \
         all(c["bm"] != 192 for c in G.tail_candidates(132 * 192, 128, 7168, 132, cands))
-    # the default is what it was: the tuner times the twins
-    assert "tail" not in G.default_config(4096, 4096, 132, cands + tail)
-    assert G.default_config(4096, 4096, 132, cands + tail) == G.default_config(4096, 4096, 132, cands)
+    # the default: the 192 x 128 tile's twin where its ranges are long enough (K given), else the unsplit tile
+    three = G.default_config(4096, 4096, 132, cands)
+    assert three["bm"] == 192 and "tail" not in three
+    assert G.default_config(4096, 4096, 132, cands + tail) == three                  # K unknown
+    assert G.default_config(4096, 4096, 132, cands + tail, 7168) == dict(three, tail=3)   # 56 K blocks: ranges of 19
+    assert G.default_config(4096, 4096, 132, cands, 7168) == three                  # no twin offered
+    for K in (4096, 2048):                                                          # ranges of 11, 6 K blocks
+        short = G.tail_candidates(4096, 4096, K, 132, cands)
+        assert any(c["bm"] == 192 for c in short)
+        assert G.default_config(4096, 4096, 132, cands + short, K) == three
+    assert G.default_config(4096, 4096, 132, cands + G.tail_candidates(4096, 4096, 6144, 132, cands), 6144) == \
+        dict(three, tail=3)                                                         # 48 K blocks: ranges of 16
+    # M = 3840: 640 tiles of 192 x 128 = 4 x 132 + 112, the last round more than half full: no twin to take
+    assert "tail" not in G.default_config(3840, 4096, 132, cands + G.tail_candidates(3840, 4096, 7168, 132, cands), 7168)
     assert G.smem_bytes(tail[0]) == G.smem_bytes({k: v for k, v in tail[0].items() if k != "tail"})
 
 

@@ -262,10 +262,11 @@ def _cublaslt_1x128_1x128(result, tn, ours, M, N, K, torch):
 
 def _wgmma_rows(result, xq, xs, qsets, M, N, K, op_nt, torch):
     """{'NT_wgmma_<cfg>' / 'NT_tma_<cfg>': [a launch per weight set of qsets]} for each config of the two sm_90a
-    kernels whose output matches the op's NT output (one that disagrees or fails is not timed; a note says so)."""
+    kernels, and the TMA kernel's tail-split twins where this shape has them (suffix t<ranges>), whose output matches
+    the op's NT output (one that disagrees or fails is not timed; a note says so)."""
     from rocjit.ops import _gemm
     from rocjit.ops import gemm_fp8 as G
-    target = _gemm._device(xq.device.index or 0)[0]
+    target, _, sms = _gemm._device(xq.device.index or 0)
     if not G.is_sm90a(target):
         return {}
     ref = op_nt().float()
@@ -273,9 +274,9 @@ def _wgmma_rows(result, xq, xs, qsets, M, N, K, op_nt, torch):
     a_km, sa = xq.view(torch.uint8), G._strided(xs)
     bsets = [(q.view(torch.uint8), G._strided(sc)) for q, sc in qsets]
     out = {}
-    for cfg in G.candidates(target, G._smem_limit(xq.device.index or 0), sm90=True):
-        if cfg.get("kernel") not in ("sm90", "tma"):
-            continue
+    cands = [c for c in G.candidates(target, G._smem_limit(xq.device.index or 0), sm90=True)
+             if c.get("kernel") in ("sm90", "tma")]
+    for cfg in cands + G.tail_candidates(M, N, K, sms, cands):
         c = torch.full((M, N), float("nan"), device=xq.device, dtype=torch.bfloat16)
         fns = [lambda cfg=cfg, c=c, b_km=b_km, sb=sb: G._launch(cfg, c, a_km, b_km, sa, sb, M, N, K, False, False)
                for b_km, sb in bsets]
@@ -289,7 +290,7 @@ def _wgmma_rows(result, xq, xs, qsets, M, N, K, op_nt, torch):
             continue
         kind = "tma" if cfg["kernel"] == "tma" else "wgmma"
         tail = ("ws" if cfg.get("ws") else "") + ("p" if cfg.get("pipe") else "") + \
-            (f"c{cfg['cluster']}" if cfg.get("cluster", 1) > 1 else "")
+            (f"c{cfg['cluster']}" if cfg.get("cluster", 1) > 1 else "") + (f"t{cfg['tail']}" if "tail" in cfg else "")
         out[f"NT_{kind}_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{tail}"] = fns
     return out
 

@@ -39,7 +39,7 @@ Decisions:
   partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against
   24.5 unsplit). Products whose tiles leave the grid's last round at most half full get tail-split twins
   (tail_candidates: that round's tiles cut into K ranges, their partials summed by gemm_fp8_tail_sum), which the
-  tuner times; the built-in default stays unsplit.
+  tuner times; the built-in default takes the 192 x 128 tile's twin where its ranges are long (TAIL_DEFAULT_KBLOCKS).
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
 - Decode (M <= 32 rows, operands K-major as in NT, B scales per 128 x 128 tile, C not transposed, NVIDIA sm_89+):
   skinny_gemm_blockwise_kernel (skinny_gemm.hip, rocjit.ops.skinny's matrix-core kernel with the scales applied per
@@ -188,7 +188,15 @@ def tail_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> list
     return out
 
 
-def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
+# Ranges of at least this many K blocks make the 192 x 128 tile's tail-split twin the built-in default where cands
+# hold one. H200, three tail ranges against the unsplit tile, five alternating rounds, graph replays (medians, µs):
+# 4096 x 4096 x 7168 (ranges of 18 - 19 blocks) NT 207.0 / 225.0, TN 266.7 / 281.0; 4096 x 7168 x 16384 (42 - 43) NT
+# 870.2 / 902.9, TN 1105.0 / 1123.1; shorter ranges lost or tied: 4096^3 (10 - 11) NT 130.9 / 128.5, TN 154.6 / 161.4,
+# 4096 x 7168 x 2048 (5 - 6) NT 123.2 / 115.8, TN 147.5 / 146.5
+TAIL_DEFAULT_KBLOCKS = 16
+
+
+def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = None) -> dict:
     """Where cands hold split-K twins (split_candidates): the one with the most work units (tiles x splits), the
     wider tile on a tie, pipelined partials before not (H200, M = 64: 7168 x 16384 42.0 us on 128 x 192 in 3 ranges
     against 53.9 on 128 x 128 in 2, unsplit 52.4; 2112 x 7168 12.7 - 13.6 for either tile's most splits, unsplit
@@ -196,7 +204,8 @@ def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
     Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
     sm_90a above 64 rows: the TMA kernel without clusters (measured no faster on an H100 at most shapes of
     `bench gemm_fp8`): 192 x 128 tiles on three math warpgroups when they give every multiprocessor one (H200, the
-    fastest tile at 4 of 7 shapes NT, 6 of 7 TN, within 5% of the best at the others); else 256 x 128 when that gives
+    fastest tile at 4 of 7 shapes NT, 6 of 7 TN, within 5% of the best at the others) -- their tail-split twin where
+    cands hold one and K is given and its ranges are at least TAIL_DEFAULT_KBLOCKS K blocks; else 256 x 128 when that gives
     every multiprocessor one -- or 128 x 192 where its rounds of tiles take less time (rounds x tile area /
     WIDE_TILE_EFFICIENCY: 4096 x 2112, 1002 against 756 TFLOP/s on an H100) -- else 128 x 128 with pipelined
     partials (faster than without at 5 of 6 shapes measured);
@@ -205,8 +214,12 @@ def default_config(M: int, N: int, sms: int, cands: list[dict]) -> dict:
     split = [c for c in cands if c.get("splits", 1) > 1]
     if split:
         return max(split, key=lambda c: (tiles(c["bm"], c["bn"]) * c["splits"], c["bn"], c["pipe"]))
-    three = next((c for c in cands if c.get("kernel") == "tma" and c["bm"] == 192), None)
+    three = next((c for c in cands if c.get("kernel") == "tma" and c["bm"] == 192 and "tail" not in c), None)
     if three is not None and M > 64 and tiles(192, 128) >= sms:
+        twin = next((c for c in cands if "tail" in c and {k: v for k, v in c.items() if k != "tail"} == three), None)
+        if twin is not None and K is not None and \
+                C.ceil_div(C.ceil_div(K, BLOCK), twin["tail"]) >= TAIL_DEFAULT_KBLOCKS:
+            return twin
         return three
     by_bm = {}                                     # per tile height: pipelined partials where a candidate has them
     for c in cands:
@@ -516,7 +529,7 @@ def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     decode = decode_candidates(target, M, N, b_km.shape[1], sms, sb_rows, trans_c)
     cands = decode + candidates(target, _smem_limit(dev))
     cands += split_candidates(M, N, K, sms, cands) + tail_candidates(M, N, K, sms, cands)
-    default = decode_default(M, N, b_km.shape[1], sms, decode) if decode else default_config(M, N, sms, cands)
+    default = decode_default(M, N, b_km.shape[1], sms, decode) if decode else default_config(M, N, sms, cands, K)
 
     copies = []
     small = bool(decode) or not _tuned_exactly(M, N, K)

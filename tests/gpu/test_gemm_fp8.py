@@ -219,6 +219,28 @@ def test_tma_kernel_tail_split_against_float64(M, N, K, sb_rows, trans_c, od):
         _close(out, want, cmp_dtype)
 
 
+# The op's built-in default (autotuning off, no shipped entry for the shape) takes the 192 x 128 tile's tail-split
+# twin where its ranges are long: 2400 x 1800 is 195 tiles (63 in the last round of 132), K = 4000 is 32 K blocks in
+# 2 ranges of 16 (a K tail in the last). NT and TN (per-row B scales), through the op, against float64.
+@pytest.mark.parametrize("layout", ["NT", "TN"])
+def test_default_config_takes_the_tail_split_twin(layout):
+    target = _need_sm90a("TMA")
+    M, N, K = 2400, 1800, 4000
+    sb_rows = layout == "TN"
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=11)
+    tma = [c for c in G.candidates(target, G._smem_limit(0)) if c.get("kernel") == "tma"]
+    twins = [c for c in G.tail_candidates(M, N, K, _gemm._device(0)[2], tma) if c["bm"] == 192]
+    if not twins or C.ceil_div(C.ceil_div(K, 128), twins[0]["tail"]) < G.TAIL_DEFAULT_KBLOCKS:
+        pytest.skip("this device's multiprocessor count gives the shape no long-range tail twin")
+    a, sa, b, sb = _layout_args(layout, xq, xs, wq, ws)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    assert G.config_for(out, a_km, b_km, G._strided(xs), G._strided(ws), M, N, K, sb_rows, False, target) == twins[0]
+    got = ops.gemm_fp8_blockwise(a, sa, b, sb, layout=layout, out=out)
+    assert got is out
+    _close(out, ref, torch.bfloat16)
+
+
 def _kb_major(s, offset=0):
     """s [R, KB]'s values in memory laid out [KB, R] (R contiguous), starting `offset` floats into a buffer."""
     buf = torch.full((s.numel() + offset,), float("nan"), device=s.device, dtype=s.dtype)
