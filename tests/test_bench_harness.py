@@ -83,3 +83,37 @@ def test_gemm_fp8_runs_the_parts_it_is_asked_for(capsys):
         with pytest.raises(SystemExit):
             G._args(["--only", bad])
         assert "--only takes parts of large, decode, step" in capsys.readouterr().err
+
+
+def test_gemm_fp8_plot_draws_a_panel_per_part(tmp_path, monkeypatch):
+    """bench gemm_fp8's own plot: one panel per part present (large products as TFLOP/s bars, decode as speedup
+    against M, the training step as µs bars); a result with none of them falls back to the shared plot."""
+    pytest.importorskip("matplotlib")
+    from rocjit.bench import gemm_fp8 as G
+
+    def row(case, shape, us, peers, **kw):
+        flops = 2.0 * shape[0] * shape[1] * shape[2]
+        return dict(case=case, shape=list(shape), dtype="e4m3-bf16", ours_us=us, peers_us=peers, floor_us=None,
+                    tflops=flops / us / 1e6, peers_tflops={k: flops / v / 1e6 for k, v in peers.items()}, **kw)
+    big = (4096, 4096, 7168)
+    rows = [row("gemm_fp8_blockwise_" + lay, big, us, {"cublaslt_blockwise": 200.0, "torch_matmul_bf16": 320.0})
+            for lay, us in (("NT", 212.5), ("NN", 219.9), ("TN", 281.4))]
+    rows.append(row("gemm_fp8_blockwise_NT_tma_192x128s5t3", big, 201.2, {"cublaslt_blockwise": 200.0}))
+    rows += [row("gemm_fp8_blockwise_NT", (m, 7168, 2048), 5.9 + m / 64, {"cublaslt_blockwise": 9.5})
+             for m in (1, 8, 128)]
+    rows.append(row("mlp_train_step", (8192, 4096, 14336), 6700.0, {"torch_linear_bf16": 8900.0}))
+    result = {"suite": "gemm_fp8", "gpu": "test GPU", "commit": "abc1234", "rows": rows,
+              "ceilings": {"fp8_matmul_TFLOPs": 1465.0}}
+    drawn = []
+    import matplotlib.figure
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, *a, **k: (drawn.append([ax.get_title() for ax in self.axes]), real(self, *a, **k)))
+    G.plot(result, str(tmp_path / "g.png"))
+    assert (tmp_path / "g.png").stat().st_size > 10_000
+    assert [t.split(",")[0].split(" ")[0] for t in drawn[-1]] == ["blockwise", "decode", "MLP"]
+    G.plot(dict(result, rows=rows[:4]), str(tmp_path / "large.png"))
+    assert len(drawn[-1]) == 1
+    G.plot(dict(result, rows=[row("host_cost_NT", (128, 2112, 7168), 14.4, {"cublaslt_blockwise": 37.7})]),
+           str(tmp_path / "host.png"))
+    assert (tmp_path / "host.png").exists()

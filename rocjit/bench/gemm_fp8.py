@@ -340,3 +340,91 @@ def _training_step(result, quick, torch):
                             peers_tflops={"torch_linear_bf16": flops / times["bf16"] / 1e6},
                             rounds_us={name: runs[name], "bf16": runs["bf16"]})
             print(row, flush=True)
+
+
+LARGE_M = 256       # plot: products above this many rows are the large (training) panel, the rest decode
+
+
+def plot(result: dict, path: str) -> None:
+    """The panels of the parts in `result`: the large products' TFLOP/s per shape (each layout of the op, the fastest
+    single TMA config timed beside it, cuBLASLt blockwise, cuBLASLt's 1 x 128 x 1 x 128 recipe for TN, bf16
+    torch.matmul; the measured FP8 matmul ceiling as a line); decode products' speedup over cuBLASLt blockwise
+    against M, one line per weight shape; the training-step rows as µs bars against bf16."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in result["rows"] if r.get("ours_us")]
+    op = [r for r in rows if r["case"] in ("gemm_fp8_blockwise_NT", "gemm_fp8_blockwise_NN", "gemm_fp8_blockwise_TN")]
+    large = [r for r in op if r["shape"][0] > LARGE_M]
+    decode = [r for r in op if r["shape"][0] <= LARGE_M and r["case"].endswith("_NT")]
+    step = [r for r in rows if r["case"].startswith("mlp_")]
+    panels = [p for p, have in (("large", large), ("decode", decode), ("step", step)) if have]
+    if not panels:
+        return H.plot(result, path)
+    widths = {"large": 3, "decode": 1.4, "step": 1.2}
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(5 * widths[p] for p in panels), 5.5), squeeze=False,
+                             gridspec_kw={"width_ratios": [widths[p] for p in panels]})
+    for ax, part in zip(axes.flat, panels):
+        if part == "large":
+            shapes = sorted({tuple(r["shape"]) for r in large}, key=lambda s: (not s[0] == s[1] == s[2], s))
+            by = {(r["case"].rsplit("_", 1)[1], tuple(r["shape"])): r for r in large}
+            best = {}                       # the fastest single TMA config timed for each shape (NT)
+            for r in rows:
+                if r["case"].startswith("gemm_fp8_blockwise_NT_tma_") and r.get("tflops"):
+                    s = tuple(r["shape"])
+                    if s not in best or r["tflops"] > best[s]["tflops"]:
+                        best[s] = r
+            series = [("rocjit NT", lambda s: by.get(("NT", s), {}).get("tflops")),
+                      ("rocjit NN", lambda s: by.get(("NN", s), {}).get("tflops")),
+                      ("rocjit TN", lambda s: by.get(("TN", s), {}).get("tflops")),
+                      ("rocjit NT, fastest single config", lambda s: best.get(s, {}).get("tflops")),
+                      ("cuBLASLt blockwise (NT recipe)",
+                       lambda s: by.get(("NT", s), {}).get("peers_tflops", {}).get("cublaslt_blockwise")),
+                      ("cuBLASLt 1x128 x 1x128 (TN recipe)",
+                       lambda s: by.get(("TN", s), {}).get("peers_tflops", {}).get("cublaslt_blockwise_1x128_1x128")),
+                      ("torch.matmul bf16",
+                       lambda s: by.get(("NT", s), {}).get("peers_tflops", {}).get("torch_matmul_bf16"))]
+            series = [(name, get) for name, get in series if any(get(s) for s in shapes)]
+            w = 0.8 / max(1, len(series))
+            for i, (name, get) in enumerate(series):
+                xs = [j + (i - (len(series) - 1) / 2) * w for j in range(len(shapes))]
+                ax.bar(xs, [get(s) or 0 for s in shapes], w, label=name)
+            ceiling = result.get("ceilings", {}).get("fp8_matmul_TFLOPs")
+            if ceiling:
+                ax.axhline(ceiling, color="gray", ls=":", label=f"FP8 matmul ceiling measured ({ceiling:.0f})")
+            ax.set_xticks(range(len(shapes)))
+            ax.set_xticklabels([f"{m}x{n}x{k}" for m, n, k in shapes], rotation=20, fontsize=8)
+            ax.set_ylabel("TFLOP/s")
+            ax.set_title("blockwise FP8, large products (M x N x K)", fontsize=10)
+            ax.legend(fontsize=7, ncol=2)
+        elif part == "decode":
+            for nk in sorted({tuple(r["shape"][1:]) for r in decode}):
+                pts = sorted((r["shape"][0], r["peers_us"]["cublaslt_blockwise"] / r["ours_us"]) for r in decode
+                             if tuple(r["shape"][1:]) == nk and r["peers_us"].get("cublaslt_blockwise"))
+                if pts:
+                    ax.plot(*zip(*pts), "o-", label=f"N x K = {nk[0]} x {nk[1]}")
+            ax.axhline(1.0, color="gray", ls=":")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("M (rows)")
+            ax.set_ylabel("speedup over cuBLASLt blockwise")
+            ax.set_title("decode products, NT", fontsize=10)
+            ax.legend(fontsize=7)
+        else:
+            names = [r["case"] for r in step]
+            ax.bar([i - 0.2 for i in range(len(step))], [r["ours_us"] for r in step], 0.4, label="rocjit FP8")
+            ax.bar([i + 0.2 for i in range(len(step))], [r["peers_us"]["torch_linear_bf16"] for r in step], 0.4,
+                   label="bf16 nn.Linear")
+            for i, r in enumerate(step):
+                ax.annotate(f"{r['peers_us']['torch_linear_bf16'] / r['ours_us']:.2f}x", (i, r["ours_us"]),
+                            ha="center", va="bottom", fontsize=8)
+            ax.set_xticks(range(len(step)))
+            ax.set_xticklabels(names, rotation=20, fontsize=7)
+            ax.set_ylabel("µs")
+            t, d, f = step[0]["shape"]
+            ax.set_title(f"MLP block {d} -> {f} -> {d}, {t} tokens", fontsize=10)
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"rocjit {result['suite']} — {result['gpu']} — {result['commit']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
