@@ -377,7 +377,7 @@ def plot(result: dict, path: str) -> None:
             series = [("rocjit NT", lambda s: by.get(("NT", s), {}).get("tflops")),
                       ("rocjit NN", lambda s: by.get(("NN", s), {}).get("tflops")),
                       ("rocjit TN", lambda s: by.get(("TN", s), {}).get("tflops")),
-                      ("rocjit NT, fastest single config", lambda s: best.get(s, {}).get("tflops")),
+                      ("rocjit NT, fastest single TMA config", lambda s: best.get(s, {}).get("tflops")),
                       ("cuBLASLt blockwise (NT recipe)",
                        lambda s: by.get(("NT", s), {}).get("peers_tflops", {}).get("cublaslt_blockwise")),
                       ("cuBLASLt 1x128 x 1x128 (TN recipe)",
