@@ -342,9 +342,6 @@ def _training_step(result, quick, torch):
             print(row, flush=True)
 
 
-LARGE_M = 256       # plot: products above this many rows are the large (training) panel, the rest decode
-
-
 def plot(result: dict, path: str) -> None:
     """The panels of the parts in `result`: the large products' TFLOP/s per shape (each layout of the op, the fastest
     single TMA config timed beside it, cuBLASLt blockwise, cuBLASLt's 1 x 128 x 1 x 128 recipe for TN, bf16
@@ -355,8 +352,8 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     rows = [r for r in result["rows"] if r.get("ours_us")]
     op = [r for r in rows if r["case"] in ("gemm_fp8_blockwise_NT", "gemm_fp8_blockwise_NN", "gemm_fp8_blockwise_TN")]
-    large = [r for r in op if r["shape"][0] > LARGE_M]
-    decode = [r for r in op if r["shape"][0] <= LARGE_M and r["case"].endswith("_NT")]
+    large = [r for r in op if r["shape"][0] not in DECODE_M]
+    decode = [r for r in op if r["shape"][0] in DECODE_M and r["case"].endswith("_NT")]
     step = [r for r in rows if r["case"].startswith("mlp_")]
     panels = [p for p, have in (("large", large), ("decode", decode), ("step", step)) if have]
     if not panels:
