@@ -101,7 +101,7 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     tma = [c for c in cands3 if c.get("kernel") == "tma"]
     assert len(tma) == len(G._TMA_TILES)
     assert all(G.threads(c, "sm_90a") == (512 if c["bm"] == 192 else 384) for c in tma)
-    assert {c["bn"] for c in tma} == {128, 192}
+    assert {c["bn"] for c in tma} == {64, 128, 192}
     # the 128 x 192 tile where its last wave is much fuller (4096 x 2112: 3 rounds of 352 tiles against 3 rounds of
     # 272 twice as large), 256 x 128 where the rounds are even or 256 x 128 fills the GPU as well
     assert G.default_config(4096, 2112, 132, cands)["bn"] == 192
@@ -120,19 +120,33 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
 
 def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
     cands = G.candidates("sm_90a", 227 * 1024)
-    # 128 x 2112 x 7168: 17 tiles of 128 x 128 (7 ranges of 8 K blocks fill 119 of 132 SMs), 11 of 128 x 192 (12)
+    # 128 x 2112 x 7168: 17 tiles of 128 x 128 (7 ranges of 8 K blocks fill 119 of 132 SMs), 11 of 128 x 192 (12),
+    # 33 of 128 x 64 (4)
     split = G.split_candidates(128, 2112, 7168, 132, cands)
     assert {(c["bn"], c["pipe"], c["splits"]) for c in split} == {(128, True, 7), (128, True, 3), (128, False, 7),
                                                                   (128, False, 3), (192, False, 12),
-                                                                  (192, False, 6)}
+                                                                  (192, False, 6), (64, False, 4), (64, False, 2)}
     assert all(c["kernel"] == "tma" and c["bm"] == 128 and c["cluster"] == 1 for c in split)
     assert all(dict((k, v) for k, v in c.items() if k != "splits") in cands for c in split)
-    # the default: the twin with the most work units (132 = 11 x 12 against 119 = 17 x 7); at 64 x 7168 x 16384
-    # 114 = 38 x 3 against 112 = 56 x 2 (measured fastest of the twins there)
+    # K unknown or longer than NARROW_MAX_KBLOCKS: the twin with the most work units, the wider tile on a tie (132 =
+    # 11 x 12 = 33 x 4 against 119 = 17 x 7); at 64 x 7168 x 16384 114 = 38 x 3 against 112 = 56 x 2 (measured
+    # fastest of the twins there)
     chosen = G.default_config(128, 2112, 132, cands + split)
     assert (chosen["bn"], chosen["splits"]) == (192, 12)
-    chosen = G.default_config(64, 7168, 132, cands + G.split_candidates(64, 7168, 16384, 132, cands))
+    chosen = G.default_config(64, 7168, 132, cands + G.split_candidates(64, 7168, 16384, 132, cands), 16384)
     assert (chosen["bn"], chosen["splits"]) == (192, 3)
+    # K of at most NARROW_MAX_KBLOCKS blocks: the fewest ranges within SPLIT_UNITS_BAND of the most units, the unsplit
+    # 128 x 64 tile counted where its tiles fit one round (H200 measurements at SPLIT_UNITS_BAND)
+    chosen = G.default_config(128, 2112, 132, cands + split, 7168)               # 132 units in 4 ranges
+    assert (chosen["bn"], chosen["splits"]) == (64, 4)
+    chosen = G.default_config(128, 4096, 132, cands + G.split_candidates(128, 4096, 7168, 132, cands), 7168)
+    assert (chosen["bn"], chosen["splits"]) == (64, 2)                           # 128 units: 64 x 2, not 32 x 4
+    for M, N in ((128, 7168), (256, 4096)):                                      # 112 / 128 tiles of 128 x 64: unsplit
+        chosen = G.default_config(M, N, 132, cands + G.split_candidates(M, N, 2048, 132, cands), 2048)
+        assert chosen["bn"] == 64 and "splits" not in chosen and chosen["kernel"] == "tma", (M, N)
+    # 128 x 5000 x 4096: 79 tiles of 128 x 64 (60% of the units of 128 x 128 in 3 ranges): a split 128-column twin
+    chosen = G.default_config(128, 5000, 132, cands + G.split_candidates(128, 5000, 4096, 132, cands), 4096)
+    assert chosen["bn"] == 128 and chosen["splits"] == 3 and chosen["pipe"]
     # ranges of at least SPLIT_MIN_KBLOCKS K blocks: 8 K blocks leave 2 ranges; 4 leave none worth the reduce
     assert {c["splits"] for c in G.split_candidates(77, 300, 1024, 132, cands)} == {2}
     assert G.split_candidates(128, 2112, 512, 132, cands) == []
@@ -186,7 +200,7 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     rows = doc["rows"]
     assert len(rows) >= 5 and all(r["status"] == "ok" for r in rows)
     sums = [r for r in rows if r["kernel"].startswith("gemm_fp8_splitk_sum")]    # split-K's second kernel
-    assert len(sums) == 3 and all(int(r["registers"]) <= 64 for r in sums)
+    assert len(sums) == 5 and all(int(r["registers"]) <= 64 for r in sums)
     moves = [r for r in rows if r["kernel"].startswith("gemm_fp8_scales_kblock_rows")]    # the scale layout's copy
     assert len(moves) == 1 and int(moves[0]["registers"]) <= 64
     tails = [r for r in rows if r["kernel"].startswith("gemm_fp8_tail_sum")]      # the tail split's second kernel

@@ -37,7 +37,8 @@ Decisions:
   fed (H200, TN 8192^3: 960 TFLOP/s against 885 for the best two-warpgroup tile). Products with fewer tiles than
   multiprocessors get split-K twins of its 128-row tiles (split_candidates: K blocks cut into ranges, fp32
   partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against
-  24.5 unsplit). Products whose tiles leave the grid's last round at most half full get tail-split twins
+  24.5 unsplit); for them the TMA kernel also has a 128 x 64 tile (twice the tiles of 128 x 128, so fewer ranges,
+  or none: H200, TN 128 x 7168 x 2048 9.0 us against 12.8 on 128 x 128, see default_config). Products whose tiles leave the grid's last round at most half full get tail-split twins
   (tail_candidates: that round's tiles cut into K ranges, their partials summed by gemm_fp8_tail_sum), which the
   tuner times; the built-in default takes the 192 x 128 tile's twin where its ranges are long (TAIL_DEFAULT_KBLOCKS).
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
@@ -76,7 +77,8 @@ _SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), 
 # 192 x 128 tile runs three math warpgroups of one slab each (gemm_fp8_blockwise_tma3_kernel), for the promotions
 # that outlast the other warpgroup's wgmmas (per-row B scales)
 _TMA_TILES = ((256, 128, 4, False, 2), (256, 128, 4, False, 1), (128, 128, 6, True, 2), (128, 128, 6, True, 1),
-              (128, 128, 6, False, 2), (128, 128, 6, False, 1), (128, 192, 5, False, 1), (192, 128, 5, False, 1))
+              (128, 128, 6, False, 2), (128, 128, 6, False, 1), (128, 192, 5, False, 1), (192, 128, 5, False, 1),
+              (128, 64, 8, False, 1))
 
 
 def tma_enabled() -> bool:
@@ -160,6 +162,21 @@ def split_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> lis
     return out
 
 
+# The built-in default among one-wave configs of products whose 128-column tiles fill at most half the
+# multiprocessors, for K of at most NARROW_MAX_KBLOCKS K blocks (default_config): the fewest K ranges among those
+# within SPLIT_UNITS_BAND of the most work units, the unsplit 128 x 64 tile counted. H200, NT / TN (TN
+# against cuBLASLt's 1 x 128 x 1 x 128 recipe), graph replays, three alternating rounds, µs: 128 x 2112 x 7168 on
+# 128 x 64 in 4 ranges 11.3 / 12.2 (128 x 128 in 7: 12.8 / 14.3; cuBLASLt 22.6 / 11.2); 128 x 4096 x 7168 on 128 x 64
+# in 2 ranges 14.6 / 16.1 (128 x 128 in 4: 14.9 / 17.7; cuBLASLt 22.2 / 13.2); 128 x 7168 x 2048 on 128 x 64 unsplit
+# 8.3 / 9.0 (128 x 128 in 2: 13.2 TN; unsplit 10.3 / 12.8; cuBLASLt 9.1 / 9.2); 256 x 4096 x 7168 on 128 x 64
+# unsplit 20.4 / 22.8 (128 x 128 in 2: 22.0 / 25.3). Where K is long the split 128 x 128 tile wins (128 x 7168 x
+# 16384, 128 K blocks: 41.0 / 45.5 in 2 ranges against 42.7 / 47.2 for 128 x 64 unsplit; there the default keeps
+# the most work units); at 64 x 4096 x 7168 the rule's 128 x 64 in 2 ranges ran within 3% of the best (128 x 128 in
+# 4, 17.0 / 17.4).
+SPLIT_UNITS_BAND = 0.9
+NARROW_MAX_KBLOCKS = 64
+
+
 # The 128 x 192 TMA tile's throughput per tile relative to 256 x 128's, once both are normalized for how full
 # their last wave is (H100, one run: 0.91 - 1.03 over six shapes): the default takes it where its fuller last wave
 # outweighs that
@@ -197,10 +214,13 @@ TAIL_DEFAULT_KBLOCKS = 16
 
 
 def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = None) -> dict:
-    """Where cands hold split-K twins (split_candidates): the one with the most work units (tiles x splits), the
-    wider tile on a tie, pipelined partials before not (H200, M = 64: 7168 x 16384 42.0 us on 128 x 192 in 3 ranges
-    against 53.9 on 128 x 128 in 2, unsplit 52.4; 2112 x 7168 12.7 - 13.6 for either tile's most splits, unsplit
-    24.5 - 35.4).
+    """Where cands hold split-K twins (split_candidates) and K is given and at most NARROW_MAX_KBLOCKS K blocks: of
+    those and the unsplit 128 x 64 tile where its tiles fit one round, the fewest K ranges among the configs within
+    SPLIT_UNITS_BAND of the most work units (tiles x ranges), then the wider tile, pipelined partials before not: a
+    range more costs its fp32 partials and their sum more than a few idle multiprocessors (measurements above
+    SPLIT_UNITS_BAND). Longer K (or K not given): the twin with the most work units, the wider tile on a tie,
+    pipelined partials before not (H200, M = 64: 7168 x 16384 42.0 us on 128 x 192 in 3 ranges against 53.9 on
+    128 x 128 in 2, unsplit 52.4).
     Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
     sm_90a above 64 rows: the TMA kernel without clusters (measured no faster on an H100 at most shapes of
     `bench gemm_fp8`): 192 x 128 tiles on three math warpgroups when they give every multiprocessor one (H200, the
@@ -212,8 +232,16 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
     with the TMA kernel turned off, the wgmma kernel's largest such tile (128 x 256, then 128 x 128), else 64 x 128."""
     tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
     split = [c for c in cands if c.get("splits", 1) > 1]
-    if split:
+    if split and (K is None or C.ceil_div(K, BLOCK) > NARROW_MAX_KBLOCKS):
         return max(split, key=lambda c: (tiles(c["bm"], c["bn"]) * c["splits"], c["bn"], c["pipe"]))
+    if split:
+        if tiles(128, 64) <= sms:
+            split += [c for c in cands if c.get("kernel") == "tma" and c["bn"] == 64 and c["cluster"] == 1
+                      and "splits" not in c and "tail" not in c]
+        units = {id(c): tiles(c["bm"], c["bn"]) * c.get("splits", 1) for c in split}
+        most = max(units.values())
+        return min((c for c in split if units[id(c)] >= SPLIT_UNITS_BAND * most),
+                   key=lambda c: (c.get("splits", 1), -c["bn"], not c["pipe"]))
     three = next((c for c in cands if c.get("kernel") == "tma" and c["bm"] == 192 and "tail" not in c), None)
     if three is not None and M > 64 and tiles(192, 128) >= sms:
         twin = next((c for c in cands if "tail" in c and {k: v for k, v in c.items() if k != "tail"} == three), None)
@@ -399,7 +427,9 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
                 sa[1], sa[2], sb[1], sb[2], shared_mem=smem_bytes(cfg))
     if splits > 1:
         rows, cols = c.shape                     # C [M, N] or C^T [N, M], contiguous; the partials laid out alike
-        call.launch(_reducer(c.dtype), C.ceil_div(rows * cols, 256), 256, ws, c, splits, rows, cols)
+        vec = rows * cols % 8 == 0 and C.aligned(c)      # 8 elements per thread (see gemm_fp8_splitk_sum)
+        call.launch(_reducer(c.dtype, vec), C.ceil_div(rows * cols, 256 * (8 if vec else 1)), 256, ws, c, splits,
+                    rows, cols)
     elif rem:
         call.launch(_tail_reducer(c.dtype, bm, cfg["bn"], trans_c), (8, rem), 256, ws, c, tiles - rem, tail, M, N,
                     c.stride(0))
@@ -407,10 +437,10 @@ def _launch_tma(cfg, c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, vec_out, 
 
 
 @functools.lru_cache(maxsize=None)
-def _reducer(dtype):
+def _reducer(dtype, vec: bool):
     """gemm_fp8_splitk_sum: the TMA kernel's split-K partials (already scaled) summed in split order into a C of
-    `dtype`."""
-    return C.module(SRC_SM90)[f"gemm_fp8_splitk_sum<{G.ctype(dtype)}>"]
+    `dtype`; `vec`: 8 elements per thread (C 16-byte aligned, its size a multiple of 8)."""
+    return C.module(SRC_SM90)[f"gemm_fp8_splitk_sum<{G.ctype(dtype)}, {C.cbool(vec)}>"]
 
 
 @functools.lru_cache(maxsize=None)

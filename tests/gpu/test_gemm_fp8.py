@@ -142,10 +142,12 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
 
 # split-K of the TMA kernel: each tile's K blocks cut into ranges whose starts are not multiples of the 32-block groups
 # the B scales are read in (65 K blocks in 3 ranges: 21, 22, 22; in 2: 32, 33), a K tail, N / M tails, per-row B
-# scales, the transposed store, every TMA tile (clusters and two-slab tiles included)
+# scales, the transposed store, every TMA tile (clusters and two-slab tiles included); the sum kernel's 8-wide path
+# (outputs of a multiple of 8 elements: bf16, fp16, fp32) and its one-wide path (77 x 300)
 @pytest.mark.parametrize("M, N, K, sb_rows, trans_c, od", [(130, 264, 8320, False, False, torch.bfloat16),
                                                            (77, 300, 8300, True, True, torch.float32),
-                                                           (200, 136, 1000, True, False, torch.float16)])
+                                                           (200, 136, 1000, True, False, torch.float16),
+                                                           (136, 200, 3000, False, False, torch.float32)])
 def test_tma_kernel_split_k_against_float64(M, N, K, sb_rows, trans_c, od):
     target = _need_sm90a("TMA")
     xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + N + K)
@@ -236,6 +238,29 @@ def test_default_config_takes_the_tail_split_twin(layout):
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     assert G.config_for(out, a_km, b_km, G._strided(xs), G._strided(ws), M, N, K, sb_rows, False, target) == twins[0]
+    got = ops.gemm_fp8_blockwise(a, sa, b, sb, layout=layout, out=out)
+    assert got is out
+    _close(out, ref, torch.bfloat16)
+
+
+# The op's built-in default for products of few tiles and K of at most NARROW_MAX_KBLOCKS blocks: the unsplit
+# 128 x 64 tile where its tiles fit one round (136 x 4000: 2 x 63 = 126 tiles, K = 2000 a K tail), else its twin in the
+# fewest K ranges (200 x 2100 x 6200: 66 tiles in 2 ranges, as many units as 22 tiles of 128 x 192 in 6); NT and TN,
+# through the op, against float64. (Shapes whose tuning buckets have no shipped entry: the built-in rule is tested.)
+@pytest.mark.parametrize("layout", ["NT", "TN"])
+@pytest.mark.parametrize("M, N, K, splits", [(136, 4000, 2000, 1), (200, 2100, 6200, 2)])
+def test_default_config_takes_the_narrow_tile_for_few_tiles(layout, M, N, K, splits):
+    target = _need_sm90a("TMA")
+    sms = _gemm._device(0)[2]
+    if sms != 132:
+        pytest.skip("the shapes are chosen for 132 multiprocessors")
+    sb_rows = layout == "TN"
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + N)
+    a, sa, b, sb = _layout_args(layout, xq, xs, wq, ws)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    cfg = G.config_for(out, a_km, b_km, G._strided(xs), G._strided(ws), M, N, K, sb_rows, False, target)
+    assert (cfg["kernel"], cfg["bm"], cfg["bn"], cfg.get("splits", 1)) == ("tma", 128, 64, splits)
     got = ops.gemm_fp8_blockwise(a, sa, b, sb, layout=layout, out=out)
     assert got is out
     _close(out, ref, torch.bfloat16)
