@@ -38,9 +38,10 @@ Decisions:
   multiprocessors get split-K twins of its 128-row tiles (split_candidates: K blocks cut into ranges, fp32
   partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against
   24.5 unsplit); for them the TMA kernel also has a 128 x 64 tile (twice the tiles of 128 x 128, so fewer ranges,
-  or none: H200, TN 128 x 7168 x 2048 9.0 us against 12.8 on 128 x 128, see default_config). Products whose tiles leave the grid's last round at most half full get tail-split twins
-  (tail_candidates: that round's tiles cut into K ranges, their partials summed by gemm_fp8_tail_sum), which the
-  tuner times; the built-in default takes the 192 x 128 tile's twin where its ranges are long (TAIL_DEFAULT_KBLOCKS).
+  or none: H200, TN 128 x 7168 x 2048 9.0 us against 12.8 on 128 x 128, see default_config). Products whose tiles
+  leave the grid's last round at most half full get tail-split twins (tail_candidates: that round's tiles cut into
+  K ranges, their partials summed by gemm_fp8_tail_sum), which the tuner times; the built-in default takes the
+  192 x 128 tile's twin where its ranges are long (TAIL_DEFAULT_KBLOCKS).
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
 - Decode (M <= 32 rows, operands K-major as in NT, B scales per 128 x 128 tile, C not transposed, NVIDIA sm_89+):
   skinny_gemm_blockwise_kernel (skinny_gemm.hip, rocjit.ops.skinny's matrix-core kernel with the scales applied per
