@@ -371,16 +371,16 @@ def plot(result: dict, path: str) -> None:
                     s = tuple(r["shape"])
                     if s not in best or r["tflops"] > best[s]["tflops"]:
                         best[s] = r
-            series = [("rocjit NT", lambda s: by.get(("NT", s), {}).get("tflops")),
-                      ("rocjit NN", lambda s: by.get(("NN", s), {}).get("tflops")),
-                      ("rocjit TN", lambda s: by.get(("TN", s), {}).get("tflops")),
+            def ours(lay):
+                return lambda s: by.get((lay, s), {}).get("tflops")
+
+            def peer(lay, name):
+                return lambda s: by.get((lay, s), {}).get("peers_tflops", {}).get(name)
+            series = [("rocjit NT", ours("NT")), ("rocjit NN", ours("NN")), ("rocjit TN", ours("TN")),
                       ("rocjit NT, fastest single TMA config", lambda s: best.get(s, {}).get("tflops")),
-                      ("cuBLASLt blockwise (NT recipe)",
-                       lambda s: by.get(("NT", s), {}).get("peers_tflops", {}).get("cublaslt_blockwise")),
-                      ("cuBLASLt 1x128 x 1x128 (TN recipe)",
-                       lambda s: by.get(("TN", s), {}).get("peers_tflops", {}).get("cublaslt_blockwise_1x128_1x128")),
-                      ("torch.matmul bf16",
-                       lambda s: by.get(("NT", s), {}).get("peers_tflops", {}).get("torch_matmul_bf16"))]
+                      ("cuBLASLt blockwise (NT recipe)", peer("NT", "cublaslt_blockwise")),
+                      ("cuBLASLt 1x128 x 1x128 (TN recipe)", peer("TN", "cublaslt_blockwise_1x128_1x128")),
+                      ("torch.matmul bf16", peer("NT", "torch_matmul_bf16"))]
             series = [(name, get) for name, get in series if any(get(s) for s in shapes)]
             w = 0.8 / max(1, len(series))
             for i, (name, get) in enumerate(series):
