@@ -339,26 +339,27 @@ __launch_bounds__((BM / 64 + WS) * 128, 1) __global__ void gemm_fp8_blockwise_sm
 #endif
 }
 
-// The same product fed by the Tensor Memory Accelerator (sm_90a): BM = 128 * SLABS rows x BN columns per tile (BN 128;
-// or 192 with one slab), 384 threads, persistent (block b takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the
-// cluster takes pairs of tiles side by side along N). Warp 0 is the copy warp: per K block it waits for the ring stage
-// to be free, has the TMA unit copy the A box (BM x 128 bytes) and the B box (BN x 128 bytes) into it, 128B-swizzled
-// and zero-filled past M, N and K (tma_a / tma_b: tensor maps of the K-major operands, 128B swizzle, boxes of
-// BM / CLUSTER and BN rows) and arrives on the stage's `full` barrier, whose phase completes when the bytes have landed
-// (SB_ROWS: with the stage's per-column B scales, one bulk copy of their row of the K block, which the host lays out
-// column-contiguous: quantize_fp8_dual(transpose_col=True)'s layout, or a copy into it), and the stage's A scales, one
-// bulk copy of the tile's rows from M-major scales (quantize_fp8_dual's s_row layout, or a copy into it). The math
-// warps read their rows' A scales from the stage and the tile's B scales 32 K blocks per warp load (BN 192:
-// those of the two 128-column scale blocks the tile's columns fall in). The copy warp runs on into the next tile while
-// the math warps store the last one. The copy warpgroup gives its registers to the two math warpgroups (setmaxnreg),
-// each of which owns SLABS m64 slabs of the tile: per K block and slab, 4 wgmma m64nBNk32 into fresh partials, then
-// the promotion acc += partial * sa * sb. A math warpgroup releases a stage on its own (one arrival per warp on
-// `empty`), so the two never wait for each other and one's promotion overlaps the other's wgmmas. PIPE (one slab):
-// K block kb + 1's wgmmas are issued before kb's partials are promoted. CLUSTER 2: each block copies half of the A
-// tile into both blocks' rings (TMA multicast), so a stage is free only once both blocks' math warps released it
-// (they arrive on both `empty` barriers). The accumulators go straight from registers to C (pairs of elements; C^T
-// with TRANS_C). The 192-column tile is for shapes whose 128-column tiles leave the last wave of blocks short
-// (N = 2112: 17 column tiles of 128, 11 of 192).
+// The same product fed by the Tensor Memory Accelerator (sm_90a): BM = 64 * MWG * SLABS rows x BN columns per tile (BN
+// 128; or 192 / 64 with one slab), 384 threads (MWG = 2 math warpgroups; 512 with 3, 256 with 1), persistent (block b
+// takes tiles b, b + gridDim.x, ...; with CLUSTER 2, the cluster takes pairs of tiles side by side along N). Warp 0 is
+// the copy warp: per K block it waits for the ring stage to be free, has the TMA unit copy the A box (BM x 128 bytes)
+// and the B box (BN x 128 bytes) into it, 128B-swizzled and zero-filled past M, N and K (tma_a / tma_b: tensor maps of
+// the K-major operands, 128B swizzle, boxes of BM / CLUSTER and BN rows) and arrives on the stage's `full` barrier,
+// whose phase completes when the bytes have landed (SB_ROWS: with the stage's per-column B scales, one bulk copy of
+// their row of the K block, which the host lays out column-contiguous: quantize_fp8_dual(transpose_col=True)'s layout,
+// or a copy into it), and the stage's A scales, one bulk copy of the tile's rows from M-major scales
+// (quantize_fp8_dual's s_row layout, or a copy into it). The math warps read their rows' A scales from the stage and
+// the tile's B scales 32 K blocks per warp load (BN 192: those of the two 128-column scale blocks the tile's columns
+// fall in). The copy warp runs on into the next tile while the math warps store the last one. The copy warpgroup gives
+// its registers to the math warpgroups (setmaxnreg; with one math warpgroup, 256 threads have all they can use), each
+// of which owns SLABS m64 slabs of the tile: per K block and slab, 4 wgmma m64nBNk32 into fresh partials, then the
+// promotion acc += partial * sa * sb. A math warpgroup releases a stage on its own (one arrival per warp on `empty`),
+// so the two never wait for each other and one's promotion overlaps the other's wgmmas. PIPE (one slab): K block
+// kb + 1's wgmmas are issued before kb's partials are promoted. CLUSTER 2: each block copies half of the A tile into
+// both blocks' rings (TMA multicast), so a stage is free only once both blocks' math warps released it (they arrive on
+// both `empty` barriers). The accumulators go straight from registers to C (pairs of elements; C^T with TRANS_C). The
+// 192-column tile is for shapes whose 128-column tiles leave the last wave of blocks short (N = 2112: 17 column tiles
+// of 128, 11 of 192).
 // Split-K (splits > 1, for products with fewer tiles than multiprocessors and a long K: 128 x 2112 x 7168 is 17 tiles
 // of 56 K blocks): each tile's K blocks are cut into `splits` ranges, each a work unit of its own, whose fp32
 // partials go to ws [splits, M, N] (C^T's layout with TRANS_C); the host sums them in split order
@@ -465,8 +466,10 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     constexpr bool kWide = SLABS == 2 || (PIPE && SB_ROWS) || BN > 128;
     // three math warpgroups (128 x 40 + 384 x 152 <= 64K): one slab each, one partial set
     constexpr int kCopyRegs = MWG == 3 ? 40 : kWide ? 40 : 56, kMathRegs = MWG == 3 ? 152 : kWide ? 232 : 224;
-    static_assert(MWG == 2 || (MWG == 3 && SLABS == 1 && !PIPE && BN == 128 && CLUSTER == 1),
-                  "MWG: 2 math warpgroups, or 3 with one slab each, no pipelined partials, 128 columns, no cluster");
+    static_assert(MWG == 2 || (MWG == 3 && SLABS == 1 && !PIPE && BN == 128 && CLUSTER == 1) ||
+                      (MWG == 1 && SLABS == 1 && CLUSTER == 1),
+                  "MWG: 2 math warpgroups, or 3 with one slab each, no pipelined partials, 128 columns, no cluster, "
+                  "or 1 with one slab, no cluster");
     static_assert(SLABS == 1 || SLABS == 2, "SLABS: m64 slabs per math warpgroup, 1 or 2");
     static_assert(!(PIPE && SLABS == 2), "two partial sets fit one slab per math warpgroup");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER: 1, or 2 blocks sharing the A tile");
@@ -532,7 +535,8 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     }
 
     if (warp < 4) {                             // the copy warpgroup: warp 0 fills the ring, the others idle
-        tma::release_registers<kCopyRegs>();
+        // (one math warpgroup: 256 threads have every register they can use without moving any)
+        if constexpr (MWG > 1) tma::release_registers<kCopyRegs>();
         if (warp == 0) {
             if (lane == 0) {
                 tma::prefetch(&tma_a);
@@ -573,7 +577,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
             }
         }
     } else {
-        tma::claim_registers<kMathRegs>();
+        if constexpr (MWG > 1) tma::claim_registers<kMathRegs>();
         // math warpgroup 0 .. MWG - 1. Read through a shuffle, the compiler keeps it (and the descriptors made from it)
         // in uniform registers; two slabs with per-column B scales and fp32 output leave no room for that (an
         // 8-byte spill)
@@ -853,6 +857,18 @@ __launch_bounds__(384, 1) __global__ void __attribute__((ROCJIT_CLUSTER_DIMS(2))
         tma_a, tma_b, c, ws, splits, tail, sa, sb, M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
 }
 
+// One math warpgroup of one m64 slab: 64 x BN tiles, 256 threads. For products of at most 64 rows (a 128-row tile
+// multiplies as many dead rows as live ones there) and of few rows against many columns, where twice the tiles of a
+// 128-row tile fill the multiprocessors without split-K (128 x 4096 on 64 x 64 tiles: 128 of them).
+template <class OT, int BN, int STAGES, bool PIPE, bool SB_ROWS, bool TRANS_C, bool VEC_OUT>
+__launch_bounds__(256, 1) __global__ void gemm_fp8_blockwise_tma1_kernel(
+    ROCJIT_GRID_CONSTANT const tensor_map tma_a, ROCJIT_GRID_CONSTANT const tensor_map tma_b, OT* __restrict__ c,
+    float* __restrict__ ws, int splits, int tail, const float* __restrict__ sa, const float* __restrict__ sb, int M,
+    int N, int K, long long ldc, long long sa_m, long long sa_k, long long sb_n, long long sb_k) {
+    gemm8_sm90::tma_gemm<OT, 1, BN, STAGES, PIPE, 1, SB_ROWS, TRANS_C, VEC_OUT, 1>(
+        tma_a, tma_b, c, ws, splits, tail, sa, sb, M, N, K, ldc, sa_m, sa_k, sb_n, sb_k);
+}
+
 // Three math warpgroups of one m64 slab each: 192 x 128 tiles, 512 threads. While one warpgroup promotes its
 // partials, two keep the tensor cores fed, where with two a promotion that takes longer than the other warpgroup's
 // wgmmas leaves them idle: the case of per-row B scales (wgrad), whose promotion multiplies twice per element.
@@ -962,6 +978,13 @@ __global__ void gemm_fp8_scales_kblock_rows(const float* __restrict__ s, long lo
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 64, 8, false, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 64, 8, false, true, false, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<float, 1, 64, 8, false, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 64, 12, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 64, 12, false, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<float, 64, 12, false, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 128, 8, false, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 128, 8, true, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 128, 8, true, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<float, 128, 8, false, true, true, true>
 // rocjit:check gemm_fp8_blockwise_tma3_kernel<__hip_bfloat16, 5, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma3_kernel<__hip_bfloat16, 5, true, false, true>
 // rocjit:check gemm_fp8_blockwise_tma3_kernel<float, 5, true, true, true>

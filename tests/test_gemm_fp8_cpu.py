@@ -97,10 +97,13 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     assert G.default_config(1024, 2112, 132, cands3) == G.default_config(1024, 2112, 132, cands)  # 6 x 17: too few
     assert G.default_config(1024, 2112, 132, cands)["bm"] == 128            # 4 x 17 256-row tiles: too few
     assert G.default_config(256, 256, 132, cands)["kernel"] == "tma"
-    assert "kernel" not in G.default_config(1, 7168, 132, cands)
+    # at most 64 rows: a 64-row TMA tile (one math warpgroup), pipelined 64 x 128 where no split twin is offered
+    assert G.default_config(1, 7168, 132, cands) == {"kernel": "tma", "bm": 64, "bn": 128, "stages": 8, "pipe": True,
+                                                     "cluster": 1}
     tma = [c for c in cands3 if c.get("kernel") == "tma"]
     assert len(tma) == len(G._TMA_TILES)
-    assert all(G.threads(c, "sm_90a") == (512 if c["bm"] == 192 else 384) for c in tma)
+    assert all(G.threads(c, "sm_90a") == {192: 512, 64: 256}.get(c["bm"], 384) for c in tma)
+    assert {c["bm"] for c in tma} == {64, 128, 192, 256}
     assert {c["bn"] for c in tma} == {64, 128, 192}
     # the 128 x 192 tile where its last wave is much fuller (4096 x 2112: 3 rounds of 352 tiles against 3 rounds of
     # 272 twice as large), 256 x 128 where the rounds are even or 256 x 128 fills the GPU as well
@@ -122,19 +125,21 @@ def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
     cands = G.candidates("sm_90a", 227 * 1024)
     # 128 x 2112 x 7168: 17 tiles of 128 x 128 (7 ranges of 8 K blocks fill 119 of 132 SMs), 11 of 128 x 192 (12),
     # 33 of 128 x 64 (4)
+    # (64-row tiles: 34 of 64 x 128 in 3 ranges, 66 of 64 x 64 in 2)
     split = G.split_candidates(128, 2112, 7168, 132, cands)
-    assert {(c["bn"], c["pipe"], c["splits"]) for c in split} == {(128, True, 7), (128, True, 3), (128, False, 7),
-                                                                  (128, False, 3), (192, False, 12),
-                                                                  (192, False, 6), (64, False, 4), (64, False, 2)}
-    assert all(c["kernel"] == "tma" and c["bm"] == 128 and c["cluster"] == 1 for c in split)
+    assert {(c["bm"], c["bn"], c["pipe"], c["splits"]) for c in split} == {
+        (128, 128, True, 7), (128, 128, True, 3), (128, 128, False, 7), (128, 128, False, 3), (128, 192, False, 12),
+        (128, 192, False, 6), (128, 64, False, 4), (128, 64, False, 2), (64, 128, True, 3), (64, 128, False, 3),
+        (64, 64, False, 2)}
+    assert all(c["kernel"] == "tma" and c["bm"] in (64, 128) and c["cluster"] == 1 for c in split)
     assert all(dict((k, v) for k, v in c.items() if k != "splits") in cands for c in split)
     # K unknown or longer than NARROW_MAX_KBLOCKS: the twin with the most work units, the wider tile on a tie (132 =
-    # 11 x 12 = 33 x 4 against 119 = 17 x 7); at 64 x 7168 x 16384 114 = 38 x 3 against 112 = 56 x 2 (measured
-    # fastest of the twins there)
+    # 11 x 12 = 33 x 4 against 119 = 17 x 7); at most 64 rows, of the 64-row tiles' twins: 64 x 7168 x 16384 on
+    # 64 x 128 in 2 ranges, pipelined (112 units; the fastest config there, H200)
     chosen = G.default_config(128, 2112, 132, cands + split)
-    assert (chosen["bn"], chosen["splits"]) == (192, 12)
+    assert (chosen["bm"], chosen["bn"], chosen["splits"]) == (128, 192, 12)
     chosen = G.default_config(64, 7168, 132, cands + G.split_candidates(64, 7168, 16384, 132, cands), 16384)
-    assert (chosen["bn"], chosen["splits"]) == (192, 3)
+    assert (chosen["bm"], chosen["bn"], chosen["splits"], chosen["pipe"]) == (64, 128, 2, True)
     # K of at most NARROW_MAX_KBLOCKS blocks: the fewest ranges within SPLIT_UNITS_BAND of the most units, the unsplit
     # 128 x 64 tile counted where its tiles fit one round (H200 measurements at SPLIT_UNITS_BAND)
     chosen = G.default_config(128, 2112, 132, cands + split, 7168)               # 132 units in 4 ranges
@@ -147,6 +152,18 @@ def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
     # 128 x 5000 x 4096: 79 tiles of 128 x 64 (60% of the units of 128 x 128 in 3 ranges): a split 128-column twin
     chosen = G.default_config(128, 5000, 132, cands + G.split_candidates(128, 5000, 4096, 132, cands), 4096)
     assert chosen["bn"] == 128 and chosen["splits"] == 3 and chosen["pipe"]
+    # at most 64 rows, K of at most NARROW_MAX_KBLOCKS blocks: the same rule over the 64-row tiles' twins and their
+    # unsplit tiles that fit one round (H200, the fastest config at each): 64 x 7168 x 2048 unsplit 64 x 64 (112 units,
+    # as many as 64 x 128 in 2 ranges); 64 x 2112 x 7168 64 x 64 in 4 (132; 64 x 128 in 7: 119); 64 x 4096 x 7168
+    # 64 x 64 in 2 (128, as 64 x 128 in 4); 40 x 24576 x 1536, 192 tiles of 64 x 128: that tile unsplit, pipelined
+    for (M, N, K), want in (((64, 7168, 2048), (64, 1)), ((64, 2112, 7168), (64, 4)), ((64, 4096, 7168), (64, 2)),
+                            ((40, 24576, 1536), (128, 1))):
+        chosen = G.default_config(M, N, 132, cands + G.split_candidates(M, N, K, 132, cands), K)
+        assert (chosen["kernel"], chosen["bm"], chosen["bn"], chosen.get("splits", 1)) == ("tma", 64) + want, (M, N)
+    assert G.default_config(40, 24576, 132, cands, 1536)["pipe"]
+    # 65 rows: the 128-row tiles' rule (128 x 64 in 4 ranges at 65 x 2112 x 7168)
+    chosen = G.default_config(65, 2112, 132, cands + G.split_candidates(65, 2112, 7168, 132, cands), 7168)
+    assert (chosen["bm"], chosen["bn"], chosen["splits"]) == (128, 64, 4)
     # ranges of at least SPLIT_MIN_KBLOCKS K blocks: 8 K blocks leave 2 ranges; 4 leave none worth the reduce
     assert {c["splits"] for c in G.split_candidates(77, 300, 1024, 132, cands)} == {2}
     assert G.split_candidates(128, 2112, 512, 132, cands) == []
@@ -208,8 +225,9 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     rows = [r for r in rows if r not in sums and r not in moves and r not in tails]
     assert all(int(r["matrix"]) >= 4 for r in rows)          # 4 k32 steps of m64n128k32 per K block
     for r in rows:
-        if "_tma" in r["kernel"]:           # 384 / 512 threads; setmaxnreg moves registers between the warpgroups
-            assert int(r["registers"]) * (512 if "_tma3" in r["kernel"] else 384) <= 65536, r
+        if "_tma" in r["kernel"]:   # 384 / 512 threads (setmaxnreg moves registers between the warpgroups); 256
+            nthreads = 512 if "_tma3" in r["kernel"] else 256 if "_tma1" in r["kernel"] else 384
+            assert int(r["registers"]) * nthreads <= 65536, r
             continue
         bm, ws = re.search(r"<[^,]+, (\d+), \d+, \d+, (true|false),", r["kernel"]).groups()
         assert int(r["registers"]) * (int(bm) // 64 + (ws == "true")) * 128 <= 65536, r
@@ -220,6 +238,9 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
             assert f", {c['bm']}, {c['bn']}, {c['stages']}, {'true' if c['ws'] else 'false'}," in text, c
         elif c.get("kernel") == "tma" and c["bm"] == 192:
             assert f"gemm_fp8_blockwise_tma3_kernel<__hip_bfloat16, {c['stages']}," in text, c
+        elif c.get("kernel") == "tma" and c["bm"] == 64:
+            assert re.search(rf"gemm_fp8_blockwise_tma1_kernel<[^,]+, {c['bn']}, {c['stages']}, "
+                             rf"{'true' if c['pipe'] else 'false'},", text), c
         elif c.get("kernel") == "tma":
             kname = "gemm_fp8_blockwise_tma2_kernel" if c["cluster"] == 2 else "gemm_fp8_blockwise_tma_kernel"
             assert re.search(rf"{kname}<[^,]+, {c['bm'] // 128}, {c['bn']}, {c['stages']}, "
@@ -312,6 +333,8 @@ def test_pipelined_tma_kernel_keeps_its_wgmmas_asynchronous():
              for k, slabs, bn, st, pipe in (("tma_kernel", 1, 128, 6, "true"), ("tma2_kernel", 1, 128, 6, "true"),
                                             ("tma_kernel", 2, 128, 4, "false"), ("tma_kernel", 1, 192, 5, "false"))]
     names.append("gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 128, 6, true, true, false, true>")  # per-row B scales
+    names += [f"gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 128, 8, true, {sb_rows}, false, true>"  # one warpgroup
+              for sb_rows in ("false", "true")]
     mod = Module(kernels_src_dir() / G.SRC_SM90, options=["--ptxas-options=-v"])
     log = mod.compile("sm_90a", name_expressions=names).log
     assert "Compiling entry function" in log            # the log is ptxas' verbose report

@@ -38,7 +38,9 @@ Decisions:
   multiprocessors get split-K twins of its 128-row tiles (split_candidates: K blocks cut into ranges, fp32
   partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against
   24.5 unsplit); for them the TMA kernel also has a 128 x 64 tile (twice the tiles of 128 x 128, so fewer ranges,
-  or none: H200, TN 128 x 7168 x 2048 9.0 us against 12.8 on 128 x 128, see default_config). Products whose tiles
+  or none: H200, TN 128 x 7168 x 2048 9.0 us against 12.8 on 128 x 128, see default_config), and products of at
+  most 64 rows 64-row tiles on one math warpgroup (and their split twins; H200, NT 64 x 2112 x 7168 10.5 us
+  against 13.3 on the 128-row tiles). Products whose tiles
   leave the grid's last round at most half full get tail-split twins (tail_candidates: that round's tiles cut into
   K ranges, their partials summed by gemm_fp8_tail_sum), which the tuner times; the built-in default takes the
   192 x 128 tile's twin where its ranges are long (TAIL_DEFAULT_KBLOCKS).
@@ -76,10 +78,11 @@ _SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), 
 # 192-column tile (one slab, 96 floats of partial and of accumulator per thread) is for shapes whose 128-column tiles
 # leave the last wave short: H200, 4096 x 2112 x 7168 1042 TFLOP/s against 849 for the best 128-column tile. The
 # 192 x 128 tile runs three math warpgroups of one slab each (gemm_fp8_blockwise_tma3_kernel), for the promotions
-# that outlast the other warpgroup's wgmmas (per-row B scales)
+# that outlast the other warpgroup's wgmmas (per-row B scales). The 64-row tiles run one math warpgroup of one slab
+# (gemm_fp8_blockwise_tma1_kernel, 256 threads), for products of at most ROWS64_MAX_M rows
 _TMA_TILES = ((256, 128, 4, False, 2), (256, 128, 4, False, 1), (128, 128, 6, True, 2), (128, 128, 6, True, 1),
               (128, 128, 6, False, 2), (128, 128, 6, False, 1), (128, 192, 5, False, 1), (192, 128, 5, False, 1),
-              (128, 64, 8, False, 1))
+              (128, 64, 8, False, 1), (64, 128, 8, True, 1), (64, 128, 8, False, 1), (64, 64, 12, False, 1))
 
 
 def tma_enabled() -> bool:
@@ -110,7 +113,7 @@ def threads(cfg: dict, target: str) -> int:
     if cfg.get("kernel") == "sm90":
         return (cfg["bm"] // 64 + int(cfg["ws"])) * 128
     if cfg.get("kernel") == "tma":
-        return 512 if cfg["bm"] == 192 else 384
+        return {192: 512, 64: 256}.get(cfg["bm"], 384)
     from rocjit import targets
     return cfg["wm"] * cfg["wn"] * targets.wave_size(target)
 
@@ -147,13 +150,13 @@ SPLIT_MIN_KBLOCKS = 4          # K blocks per range at least: the ring's fill an
 
 
 def split_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> list[dict]:
-    """Split-K twins ("splits": s) of the one-block TMA tiles of 128 rows, for products whose tiles fill at most half
+    """Split-K twins ("splits": s) of the one-block TMA tiles of 64 and 128 rows, for products whose tiles fill at most half
     the multiprocessors: s the most ranges that keep one wave (tiles x s <= sms) and >= SPLIT_MIN_KBLOCKS K blocks
     each, and half of that when it is 2 or more."""
     kblocks = C.ceil_div(K, BLOCK)
     out = []
     for c in cands:
-        if c.get("kernel") != "tma" or c["bm"] != 128 or c["cluster"] != 1:
+        if c.get("kernel") != "tma" or c["bm"] not in (64, 128) or c["cluster"] != 1:
             continue
         tiles = C.ceil_div(M, c["bm"]) * C.ceil_div(N, c["bn"])
         most = min(sms // tiles, kblocks // SPLIT_MIN_KBLOCKS)
@@ -194,7 +197,7 @@ def tail_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> list
     kblocks = C.ceil_div(K, BLOCK)
     out = []
     for c in cands:
-        if c.get("kernel") != "tma" or c["cluster"] != 1 or "splits" in c or "tail" in c:
+        if not _whole_tile(c) or c["bm"] == 64:
             continue
         tiles = C.ceil_div(M, c["bm"]) * C.ceil_div(N, c["bn"])
         rem = tiles % sms
@@ -214,15 +217,38 @@ def tail_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> list
 TAIL_DEFAULT_KBLOCKS = 16
 
 
+def _whole_tile(c: dict) -> bool:
+    """A one-block TMA config that runs its tiles whole: no cluster, no split-K, no tail split."""
+    return c.get("kernel") == "tma" and c["cluster"] == 1 and "splits" not in c and "tail" not in c
+
+
+def _fewest_ranges(pool: list[dict], units) -> dict:
+    """Of `pool`, the fewest K ranges among the configs within SPLIT_UNITS_BAND of the most work units, then the
+    wider tile, pipelined partials before not."""
+    most = max(units(c) for c in pool)
+    return min((c for c in pool if units(c) >= SPLIT_UNITS_BAND * most),
+               key=lambda c: (c.get("splits", 1), -c["bn"], not c["pipe"]))
+
+
 def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = None) -> dict:
-    """Where cands hold split-K twins (split_candidates) and K is given and at most NARROW_MAX_KBLOCKS K blocks: of
-    those and the unsplit 128 x 64 tile where its tiles fit one round, the fewest K ranges among the configs within
-    SPLIT_UNITS_BAND of the most work units (tiles x ranges), then the wider tile, pipelined partials before not: a
-    range more costs its fp32 partials and their sum more than a few idle multiprocessors (measurements above
-    SPLIT_UNITS_BAND). Longer K (or K not given): the twin with the most work units, the wider tile on a tie,
-    pipelined partials before not (H200, M = 64: 7168 x 16384 42.0 us on 128 x 192 in 3 ranges against 53.9 on
-    128 x 128 in 2, unsplit 52.4).
-    Small M: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else 128 x 64.
+    """Products of at most 64 rows on the TMA kernel: 64-row tiles (one math warpgroup; a 128-row tile multiplies as
+    many dead rows as live ones) -- with K given and at most NARROW_MAX_KBLOCKS K blocks, by the rule below over
+    their split twins and unsplit tiles that fit one round; longer K (or K not given), the twin with the most work
+    units, the wider tile on a tie; where their tiles fill the GPU, 64 x 128 with pipelined partials (H200, NT / TN,
+    µs, graph replays, three alternating rounds, against the shipped 128-row choices: 64 x 7168 x 2048 unsplit 64 x
+    64 8.6 / 8.8 against 10.4 / 9.2; 64 x 2112 x 7168 64 x 64 in 4 ranges 10.5 / 10.2 against 13.3 / 13.0; 64 x 4096
+    x 7168 64 x 64 in 2 14.6 / 15.9 (64 x 128 in 4: 14.8 / 12.5) against 16.8 / 15.3; 64 x 7168 x 16384 64 x 128
+    pipelined in 2 38.1 / 38.8 against 40.2 / 43.9; 64 x 24576 x 1536, 192 tiles of 64 x 128, 16.7 / 15.6 against
+    15.5 / 14.5 for 128 x 192).
+    Else, where cands hold split-K twins of the 128-row tiles (split_candidates) and K is given and at most
+    NARROW_MAX_KBLOCKS K blocks: of those and the unsplit 128 x 64 tile where its tiles fit one round, the fewest K
+    ranges among the configs within SPLIT_UNITS_BAND of the most work units (tiles x ranges), then the wider tile,
+    pipelined partials before not: a range more costs its fp32 partials and their sum more than a few idle
+    multiprocessors (measurements above SPLIT_UNITS_BAND). Longer K (or K not given): the twin with the most work
+    units, the wider tile on a tie, pipelined partials before not (H200, M = 128: 7168 x 16384 41.0 us on 128 x 128
+    in 2 ranges against 42.7 for 128 x 64 unsplit).
+    Small M without the TMA kernel: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else
+    128 x 64.
     sm_90a above 64 rows: the TMA kernel without clusters (measured no faster on an H100 at most shapes of
     `bench gemm_fp8`): 192 x 128 tiles on three math warpgroups when they give every multiprocessor one (H200, the
     fastest tile at 4 of 7 shapes NT, 6 of 7 TN, within 5% of the best at the others) -- their tail-split twin where
@@ -232,17 +258,26 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
     partials (faster than without at 5 of 6 shapes measured);
     with the TMA kernel turned off, the wgmma kernel's largest such tile (128 x 256, then 128 x 128), else 64 x 128."""
     tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
-    split = [c for c in cands if c.get("splits", 1) > 1]
-    if split and (K is None or C.ceil_div(K, BLOCK) > NARROW_MAX_KBLOCKS):
-        return max(split, key=lambda c: (tiles(c["bm"], c["bn"]) * c["splits"], c["bn"], c["pipe"]))
+    units = lambda c: tiles(c["bm"], c["bn"]) * c.get("splits", 1)  # noqa: E731
+    long_k = K is None or C.ceil_div(K, BLOCK) > NARROW_MAX_KBLOCKS
+    by_rank = lambda c: (units(c), c["bn"], c["pipe"])  # noqa: E731
+    if M <= 64:
+        rows64 = [c for c in cands if c.get("kernel") == "tma" and c["bm"] == 64]
+        split = [c for c in rows64 if c.get("splits", 1) > 1]
+        if split and long_k:
+            return max(split, key=by_rank)
+        if split:
+            return _fewest_ranges(split + [c for c in rows64 if _whole_tile(c) and tiles(64, c["bn"]) <= sms], units)
+        whole = [c for c in rows64 if _whole_tile(c) and c["bn"] == 128]
+        if whole:
+            return max(whole, key=lambda c: c["pipe"])
+    split = [c for c in cands if c.get("splits", 1) > 1 and c["bm"] == 128]
+    if split and long_k:
+        return max(split, key=by_rank)
     if split:
         if tiles(128, 64) <= sms:
-            split += [c for c in cands if c.get("kernel") == "tma" and c["bn"] == 64 and c["cluster"] == 1
-                      and "splits" not in c and "tail" not in c]
-        units = {id(c): tiles(c["bm"], c["bn"]) * c.get("splits", 1) for c in split}
-        most = max(units.values())
-        return min((c for c in split if units[id(c)] >= SPLIT_UNITS_BAND * most),
-                   key=lambda c: (c.get("splits", 1), -c["bn"], not c["pipe"]))
+            split += [c for c in cands if _whole_tile(c) and c["bm"] == 128 and c["bn"] == 64]
+        return _fewest_ranges(split, units)
     three = next((c for c in cands if c.get("kernel") == "tma" and c["bm"] == 192 and "tail" not in c), None)
     if three is not None and M > 64 and tiles(192, 128) >= sms:
         twin = next((c for c in cands if "tail" in c and {k: v for k, v in c.items() if k != "tail"} == three), None)
@@ -252,8 +287,7 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
         return three
     by_bm = {}                                     # per tile height: pipelined partials where a candidate has them
     for c in cands:
-        if c.get("kernel") == "tma" and c["cluster"] == 1 and c["bn"] == 128 and "splits" not in c \
-                and "tail" not in c and c["bm"] != 192 and (c["bm"] not in by_bm or c["pipe"]):
+        if _whole_tile(c) and c["bn"] == 128 and c["bm"] in (128, 256) and (c["bm"] not in by_bm or c["pipe"]):
             by_bm[c["bm"]] = c
     tma = [by_bm[bm] for bm in sorted(by_bm, reverse=True)]
     wide = next((c for c in cands if c.get("kernel") == "tma" and c["bn"] == 192), None)
@@ -456,6 +490,8 @@ def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
     flags = f"{C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}"
     if bm == 192:                       # three math warpgroups of one slab
         name = f"gemm_fp8_blockwise_tma3_kernel<{G.ctype(od)}, {cfg['stages']}, {flags}>"
+    elif bm == 64:                      # one math warpgroup of one slab
+        name = f"gemm_fp8_blockwise_tma1_kernel<{G.ctype(od)}, {bn}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, {flags}>"
     else:
         kname = "gemm_fp8_blockwise_tma2_kernel" if cluster == 2 else "gemm_fp8_blockwise_tma_kernel"
         name = f"{kname}<{G.ctype(od)}, {bm // 128}, {bn}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, {flags}>"
@@ -553,12 +589,15 @@ def decode_default(M: int, N: int, K: int, sms: int, cands: list[dict]) -> dict:
 
 
 DECODE_M = 32
+ROWS64_MAX_M = 64          # products of at most this many rows are offered the 64-row TMA tiles
 
 
 def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     _, devname, sms = G._device(dev)
     decode = decode_candidates(target, M, N, b_km.shape[1], sms, sb_rows, trans_c)
-    cands = decode + candidates(target, _smem_limit(dev))
+    # 64-row TMA tiles only where a 128-row tile would idle (H200: never the fastest at M = 128, five shapes)
+    cands = decode + [c for c in candidates(target, _smem_limit(dev))
+                      if M <= ROWS64_MAX_M or c.get("kernel") != "tma" or c["bm"] != 64]
     cands += split_candidates(M, N, K, sms, cands) + tail_candidates(M, N, K, sms, cands)
     default = decode_default(M, N, b_km.shape[1], sms, decode) if decode else default_config(M, N, sms, cands, K)
 

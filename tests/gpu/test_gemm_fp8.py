@@ -266,6 +266,27 @@ def test_default_config_takes_the_narrow_tile_for_few_tiles(layout, M, N, K, spl
     _close(out, ref, torch.bfloat16)
 
 
+# At most 64 rows the op's built-in default runs 64-row TMA tiles (one math warpgroup): 50 x 3000 x 5000 on 64 x 128
+# in 5 K ranges (24 tiles; 120 units against 94 for 64 x 64 in 2), 40 x 6000 x 2000 on 64 x 64 unsplit (94 tiles, as
+# many units as 64 x 128 in 2 ranges); K tails, N tails, rows past M; NT and TN, through the op, against float64.
+@pytest.mark.parametrize("layout", ["NT", "TN"])
+@pytest.mark.parametrize("M, N, K, bn, splits", [(50, 3000, 5000, 128, 5), (40, 6000, 2000, 64, 1)])
+def test_default_config_takes_a_64_row_tile_for_at_most_64_rows(layout, M, N, K, bn, splits):
+    target = _need_sm90a("TMA")
+    if _gemm._device(0)[2] != 132:
+        pytest.skip("the shapes are chosen for 132 multiprocessors")
+    sb_rows = layout == "TN"
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + N + K)
+    a, sa, b, sb = _layout_args(layout, xq, xs, wq, ws)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
+    cfg = G.config_for(out, a_km, b_km, G._strided(xs), G._strided(ws), M, N, K, sb_rows, False, target)
+    assert (cfg["kernel"], cfg["bm"], cfg["bn"], cfg.get("splits", 1)) == ("tma", 64, bn, splits)
+    got = ops.gemm_fp8_blockwise(a, sa, b, sb, layout=layout, out=out)
+    assert got is out
+    _close(out, ref, torch.bfloat16)
+
+
 def _kb_major(s, offset=0):
     """s [R, KB]'s values in memory laid out [KB, R] (R contiguous), starting `offset` floats into a buffer."""
     buf = torch.full((s.numel() + offset,), float("nan"), device=s.device, dtype=s.dtype)
