@@ -475,8 +475,9 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
     static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER: 1, or 2 blocks sharing the A tile");
     // BN 192: one slab (partial and accumulator, 96 floats each), its columns on two B-scale blocks
     // BN 64: one slab, m64n64k32 (products of few rows: twice the tiles of BN 128, so fewer split-K ranges)
-    static_assert(BN == 128 || ((BN == 192 || BN == 64) && SLABS == 1 && !PIPE && CLUSTER == 1),
-                  "BN 128, or 192 / 64 with one slab, no pipelined partials, no cluster");
+    static_assert(BN == 128 || (BN == 192 && SLABS == 1 && !PIPE && CLUSTER == 1) ||
+                      (BN == 64 && SLABS == 1 && CLUSTER == 1),
+                  "BN 128, or 192 with one slab, no pipelined partials, no cluster, or 64 with one slab, no cluster");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     float* scales = reinterpret_cast<float*>(smem + L::kTiles);
@@ -603,7 +604,7 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                 // new value, so the compiler never copies a set a wgmma still owns (ptxas would answer such a
                 // copy by serializing every wgmma); one set (!PIPE) keeps the read-write form, which spills less
                 wgmma::fence();
-                wgmma::mma_m64n128k32_fresh(p, da, db);
+                wgmma::mma_n<BN>::fresh(p, da, db);
             } else {
                 wgmma::fence_operands(p);
                 wgmma::fence();
@@ -978,9 +979,14 @@ __global__ void gemm_fp8_scales_kblock_rows(const float* __restrict__ s, long lo
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 64, 8, false, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 64, 8, false, true, false, true>
 // rocjit:check gemm_fp8_blockwise_tma_kernel<float, 1, 64, 8, false, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 64, 8, true, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 64, 8, true, true, false, true>
+// rocjit:check gemm_fp8_blockwise_tma_kernel<float, 1, 64, 8, true, true, true, true>
 // rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 64, 12, false, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 64, 12, false, true, false, true>
 // rocjit:check gemm_fp8_blockwise_tma1_kernel<float, 64, 12, false, true, true, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 64, 12, true, false, false, true>
+// rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 64, 12, true, true, false, true>
 // rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 128, 8, false, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 128, 8, true, false, false, true>
 // rocjit:check gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 128, 8, true, true, false, true>

@@ -129,8 +129,8 @@ def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
     split = G.split_candidates(128, 2112, 7168, 132, cands)
     assert {(c["bm"], c["bn"], c["pipe"], c["splits"]) for c in split} == {
         (128, 128, True, 7), (128, 128, True, 3), (128, 128, False, 7), (128, 128, False, 3), (128, 192, False, 12),
-        (128, 192, False, 6), (128, 64, False, 4), (128, 64, False, 2), (64, 128, True, 3), (64, 128, False, 3),
-        (64, 64, False, 2)}
+        (128, 192, False, 6), (128, 64, False, 4), (128, 64, False, 2), (128, 64, True, 4), (128, 64, True, 2),
+        (64, 128, True, 3), (64, 128, False, 3), (64, 64, False, 2), (64, 64, True, 2)}
     assert all(c["kernel"] == "tma" and c["bm"] in (64, 128) and c["cluster"] == 1 for c in split)
     assert all(dict((k, v) for k, v in c.items() if k != "splits") in cands for c in split)
     # K unknown or longer than NARROW_MAX_KBLOCKS: the twin with the most work units, the wider tile on a tie (132 =
@@ -149,6 +149,7 @@ def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
     for M, N in ((128, 7168), (256, 4096)):                                      # 112 / 128 tiles of 128 x 64: unsplit
         chosen = G.default_config(M, N, 132, cands + G.split_candidates(M, N, 2048, 132, cands), 2048)
         assert chosen["bn"] == 64 and "splits" not in chosen and chosen["kernel"] == "tma", (M, N)
+        assert not chosen["pipe"]           # 64 columns: the rule's measured choice, without pipelined partials
     # 128 x 5000 x 4096: 79 tiles of 128 x 64 (60% of the units of 128 x 128 in 3 ranges): a split 128-column twin
     chosen = G.default_config(128, 5000, 132, cands + G.split_candidates(128, 5000, 4096, 132, cands), 4096)
     assert chosen["bn"] == 128 and chosen["splits"] == 3 and chosen["pipe"]
@@ -160,6 +161,7 @@ def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
                             ((40, 24576, 1536), (128, 1))):
         chosen = G.default_config(M, N, 132, cands + G.split_candidates(M, N, K, 132, cands), K)
         assert (chosen["kernel"], chosen["bm"], chosen["bn"], chosen.get("splits", 1)) == ("tma", 64) + want, (M, N)
+        assert chosen["pipe"] == (chosen["bn"] == 128), (M, N)
     assert G.default_config(40, 24576, 132, cands, 1536)["pipe"]
     # 65 rows: the 128-row tiles' rule (128 x 64 in 4 ranges at 65 x 2112 x 7168)
     chosen = G.default_config(65, 2112, 132, cands + G.split_candidates(65, 2112, 7168, 132, cands), 7168)
@@ -333,7 +335,9 @@ def test_pipelined_tma_kernel_keeps_its_wgmmas_asynchronous():
              for k, slabs, bn, st, pipe in (("tma_kernel", 1, 128, 6, "true"), ("tma2_kernel", 1, 128, 6, "true"),
                                             ("tma_kernel", 2, 128, 4, "false"), ("tma_kernel", 1, 192, 5, "false"))]
     names.append("gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 128, 6, true, true, false, true>")  # per-row B scales
-    names += [f"gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, 128, 8, true, {sb_rows}, false, true>"  # one warpgroup
+    names += [f"gemm_fp8_blockwise_tma1_kernel<__hip_bfloat16, {bn}, {st}, true, {sb_rows}, false, true>"  # one warpgroup
+              for bn, st in ((128, 8), (64, 12)) for sb_rows in ("false", "true")]
+    names += [f"gemm_fp8_blockwise_tma_kernel<__hip_bfloat16, 1, 64, 8, true, {sb_rows}, false, true>"   # m64n64k32
               for sb_rows in ("false", "true")]
     mod = Module(kernels_src_dir() / G.SRC_SM90, options=["--ptxas-options=-v"])
     log = mod.compile("sm_90a", name_expressions=names).log

@@ -82,7 +82,8 @@ _SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), 
 # (gemm_fp8_blockwise_tma1_kernel, 256 threads), for products of at most ROWS64_MAX_M rows
 _TMA_TILES = ((256, 128, 4, False, 2), (256, 128, 4, False, 1), (128, 128, 6, True, 2), (128, 128, 6, True, 1),
               (128, 128, 6, False, 2), (128, 128, 6, False, 1), (128, 192, 5, False, 1), (192, 128, 5, False, 1),
-              (128, 64, 8, False, 1), (64, 128, 8, True, 1), (64, 128, 8, False, 1), (64, 64, 12, False, 1))
+              (128, 64, 8, True, 1), (128, 64, 8, False, 1), (64, 128, 8, True, 1), (64, 128, 8, False, 1),
+              (64, 64, 12, True, 1), (64, 64, 12, False, 1))
 
 
 def tma_enabled() -> bool:
@@ -222,12 +223,18 @@ def _whole_tile(c: dict) -> bool:
     return c.get("kernel") == "tma" and c["cluster"] == 1 and "splits" not in c and "tail" not in c
 
 
+def _pipe_rank(c: dict) -> int:
+    """0 for the preferred of a tile's two configs: pipelined partials on 128 columns (faster than without at 5 of 6
+    shapes measured), without on 64 (where the built-in rule's choices were measured); 1 for the other."""
+    return int(c["pipe"] != (c["bn"] == 128))
+
+
 def _fewest_ranges(pool: list[dict], units) -> dict:
     """Of `pool`, the fewest K ranges among the configs within SPLIT_UNITS_BAND of the most work units, then the
-    wider tile, pipelined partials before not."""
+    wider tile, then _pipe_rank."""
     most = max(units(c) for c in pool)
     return min((c for c in pool if units(c) >= SPLIT_UNITS_BAND * most),
-               key=lambda c: (c.get("splits", 1), -c["bn"], not c["pipe"]))
+               key=lambda c: (c.get("splits", 1), -c["bn"], _pipe_rank(c)))
 
 
 def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = None) -> dict:
@@ -243,9 +250,9 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
     Else, where cands hold split-K twins of the 128-row tiles (split_candidates) and K is given and at most
     NARROW_MAX_KBLOCKS K blocks: of those and the unsplit 128 x 64 tile where its tiles fit one round, the fewest K
     ranges among the configs within SPLIT_UNITS_BAND of the most work units (tiles x ranges), then the wider tile,
-    pipelined partials before not: a range more costs its fp32 partials and their sum more than a few idle
+    then _pipe_rank: a range more costs its fp32 partials and their sum more than a few idle
     multiprocessors (measurements above SPLIT_UNITS_BAND). Longer K (or K not given): the twin with the most work
-    units, the wider tile on a tie, pipelined partials before not (H200, M = 128: 7168 x 16384 41.0 us on 128 x 128
+    units, the wider tile on a tie, then _pipe_rank (H200, M = 128: 7168 x 16384 41.0 us on 128 x 128
     in 2 ranges against 42.7 for 128 x 64 unsplit).
     Small M without the TMA kernel: 64-row tiles; else 128 x 128 when it gives every multiprocessor a tile, else
     128 x 64.
@@ -260,7 +267,7 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
     tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
     units = lambda c: tiles(c["bm"], c["bn"]) * c.get("splits", 1)  # noqa: E731
     long_k = K is None or C.ceil_div(K, BLOCK) > NARROW_MAX_KBLOCKS
-    by_rank = lambda c: (units(c), c["bn"], c["pipe"])  # noqa: E731
+    by_rank = lambda c: (units(c), c["bn"], -_pipe_rank(c))  # noqa: E731
     if M <= 64:
         rows64 = [c for c in cands if c.get("kernel") == "tma" and c["bm"] == 64]
         split = [c for c in rows64 if c.get("splits", 1) > 1]
