@@ -38,12 +38,12 @@ Decisions:
   multiprocessors get split-K twins of its 128-row tiles (split_candidates: K blocks cut into ranges, fp32
   partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against
   24.5 unsplit); for them the TMA kernel also has a 128 x 64 tile (twice the tiles of 128 x 128, so fewer ranges,
-  or none: H200, TN 128 x 7168 x 2048 9.0 us against 12.8 on 128 x 128, see default_config), and products of at
-  most 64 rows 64-row tiles on one math warpgroup (and their split twins; H200, NT 64 x 2112 x 7168 10.5 us
-  against 13.3 on the 128-row tiles). Products whose tiles
-  leave the grid's last round at most half full get tail-split twins (tail_candidates: that round's tiles cut into
-  K ranges, their partials summed by gemm_fp8_tail_sum), which the tuner times; the built-in default takes the
-  192 x 128 tile's twin where its ranges are long (TAIL_DEFAULT_KBLOCKS).
+  or none: H200, TN 128 x 7168 x 2048 9.0 us against 12.8 on 128 x 128, see default_config). Products of at most
+  ROWS64_MAX_M rows get 64-row tiles on one math warpgroup and their split twins (H200, NT 64 x 2112 x 7168: 10.5 us
+  against 13.3 on the 128-row tiles). Products whose tiles leave the grid's last round at most half full get
+  tail-split twins (tail_candidates: that round's tiles cut into K ranges, their partials summed by
+  gemm_fp8_tail_sum), which the tuner times; the built-in default takes the 192 x 128 tile's twin where its ranges
+  are long (TAIL_DEFAULT_KBLOCKS).
   tests/gpu/test_gemm_fp8.py checks every one of its configs directly either way.
 - Decode (M <= 32 rows, operands K-major as in NT, B scales per 128 x 128 tile, C not transposed, NVIDIA sm_89+):
   skinny_gemm_blockwise_kernel (skinny_gemm.hip, rocjit.ops.skinny's matrix-core kernel with the scales applied per
@@ -84,6 +84,9 @@ _TMA_TILES = ((256, 128, 4, False, 2), (256, 128, 4, False, 1), (128, 128, 6, Tr
               (128, 128, 6, False, 2), (128, 128, 6, False, 1), (128, 192, 5, False, 1), (192, 128, 5, False, 1),
               (128, 64, 8, True, 1), (128, 64, 8, False, 1), (64, 128, 8, True, 1), (64, 128, 8, False, 1),
               (64, 64, 12, True, 1), (64, 64, 12, False, 1))
+# products of at most this many rows are offered the 64-row TMA tiles and default to them (H200: at M = 128 none of
+# them was the fastest config at any of five DeepSeek-V3 shapes)
+ROWS64_MAX_M = 64
 
 
 def tma_enabled() -> bool:
@@ -151,9 +154,9 @@ SPLIT_MIN_KBLOCKS = 4          # K blocks per range at least: the ring's fill an
 
 
 def split_candidates(M: int, N: int, K: int, sms: int, cands: list[dict]) -> list[dict]:
-    """Split-K twins ("splits": s) of the one-block TMA tiles of 64 and 128 rows, for products whose tiles fill at most half
-    the multiprocessors: s the most ranges that keep one wave (tiles x s <= sms) and >= SPLIT_MIN_KBLOCKS K blocks
-    each, and half of that when it is 2 or more."""
+    """Split-K twins ("splits": s) of the one-block TMA tiles of 64 and 128 rows, for products whose tiles fill at
+    most half the multiprocessors: s the most ranges that keep one wave (tiles x s <= sms) and >= SPLIT_MIN_KBLOCKS
+    K blocks each, and half of that when it is 2 or more."""
     kblocks = C.ceil_div(K, BLOCK)
     out = []
     for c in cands:
@@ -238,15 +241,15 @@ def _fewest_ranges(pool: list[dict], units) -> dict:
 
 
 def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = None) -> dict:
-    """Products of at most 64 rows on the TMA kernel: 64-row tiles (one math warpgroup; a 128-row tile multiplies as
-    many dead rows as live ones) -- with K given and at most NARROW_MAX_KBLOCKS K blocks, by the rule below over
-    their split twins and unsplit tiles that fit one round; longer K (or K not given), the twin with the most work
-    units, the wider tile on a tie; where their tiles fill the GPU, 64 x 128 with pipelined partials (H200, NT / TN,
-    µs, graph replays, three alternating rounds, against the shipped 128-row choices: 64 x 7168 x 2048 unsplit 64 x
-    64 8.6 / 8.8 against 10.4 / 9.2; 64 x 2112 x 7168 64 x 64 in 4 ranges 10.5 / 10.2 against 13.3 / 13.0; 64 x 4096
-    x 7168 64 x 64 in 2 14.6 / 15.9 (64 x 128 in 4: 14.8 / 12.5) against 16.8 / 15.3; 64 x 7168 x 16384 64 x 128
-    pipelined in 2 38.1 / 38.8 against 40.2 / 43.9; 64 x 24576 x 1536, 192 tiles of 64 x 128, 16.7 / 15.6 against
-    15.5 / 14.5 for 128 x 192).
+    """Products of at most ROWS64_MAX_M rows on the TMA kernel: 64-row tiles (one math warpgroup; a 128-row tile
+    multiplies as many dead rows as live ones) -- with K given and at most NARROW_MAX_KBLOCKS K blocks, by the rule
+    below over their split twins and unsplit tiles that fit one round; longer K (or K not given), the twin with the
+    most work units, the wider tile on a tie; where their tiles fill the GPU, 64 x 128 with pipelined partials (H200,
+    NT / TN, µs, graph replays, three alternating rounds, against the shipped 128-row choices: 64 x 7168 x 2048
+    unsplit 64 x 64 8.6 / 8.8 against 10.4 / 9.2; 64 x 2112 x 7168 64 x 64 in 4 ranges 10.5 / 10.2 against 13.3 /
+    13.0; 64 x 4096 x 7168 64 x 64 in 2 14.6 / 15.9 (64 x 128 in 4: 14.8 / 12.5) against 16.8 / 15.3; 64 x 7168 x
+    16384 64 x 128 pipelined in 2 38.1 / 38.8 against 40.2 / 43.9; 64 x 24576 x 1536, 192 tiles of 64 x 128, 16.7 /
+    15.6 against 15.5 / 14.5 for 128 x 192).
     Else, where cands hold split-K twins of the 128-row tiles (split_candidates) and K is given and at most
     NARROW_MAX_KBLOCKS K blocks: of those and the unsplit 128 x 64 tile where its tiles fit one round, the fewest K
     ranges among the configs within SPLIT_UNITS_BAND of the most work units (tiles x ranges), then the wider tile,
@@ -268,7 +271,7 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
     units = lambda c: tiles(c["bm"], c["bn"]) * c.get("splits", 1)  # noqa: E731
     long_k = K is None or C.ceil_div(K, BLOCK) > NARROW_MAX_KBLOCKS
     by_rank = lambda c: (units(c), c["bn"], -_pipe_rank(c))  # noqa: E731
-    if M <= 64:
+    if M <= ROWS64_MAX_M:
         rows64 = [c for c in cands if c.get("kernel") == "tma" and c["bm"] == 64]
         split = [c for c in rows64 if c.get("splits", 1) > 1]
         if split and long_k:
@@ -277,7 +280,7 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
             return _fewest_ranges(split + [c for c in rows64 if _whole_tile(c) and tiles(64, c["bn"]) <= sms], units)
         whole = [c for c in rows64 if _whole_tile(c) and c["bn"] == 128]
         if whole:
-            return max(whole, key=lambda c: c["pipe"])
+            return min(whole, key=_pipe_rank)
     split = [c for c in cands if c.get("splits", 1) > 1 and c["bm"] == 128]
     if split and long_k:
         return max(split, key=by_rank)
@@ -596,13 +599,12 @@ def decode_default(M: int, N: int, K: int, sms: int, cands: list[dict]) -> dict:
 
 
 DECODE_M = 32
-ROWS64_MAX_M = 64          # products of at most this many rows are offered the 64-row TMA tiles
 
 
 def _config_for(c, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c, target, dev):
     _, devname, sms = G._device(dev)
     decode = decode_candidates(target, M, N, b_km.shape[1], sms, sb_rows, trans_c)
-    # 64-row TMA tiles only where a 128-row tile would idle (H200: never the fastest at M = 128, five shapes)
+    # 64-row TMA tiles only for products of at most ROWS64_MAX_M rows
     cands = decode + [c for c in candidates(target, _smem_limit(dev))
                       if M <= ROWS64_MAX_M or c.get("kernel") != "tma" or c["bm"] != 64]
     cands += split_candidates(M, N, K, sms, cands) + tail_candidates(M, N, K, sms, cands)
