@@ -383,6 +383,28 @@ ROCJIT_INLINE float ld_scale(const float* p) {
 #endif
 }
 
+// wgmma m64n64k32 with D = A B written fresh (write-only outputs, as wgmma::mma_m64n128k32_fresh): the first k32
+// step of a pipelined partial of a 64-column tile
+#define GEMM8_OUT4(i) "=f"(d[i]), "=f"(d[i + 1]), "=f"(d[i + 2]), "=f"(d[i + 3])
+ROCJIT_INLINE void mma_m64n64k32_fresh(float (&d)[32], unsigned long long desc_a, unsigned long long desc_b) {
+#if ROCJIT_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1;\n}\n"
+        : GEMM8_OUT4(0), GEMM8_OUT4(4), GEMM8_OUT4(8), GEMM8_OUT4(12), GEMM8_OUT4(16), GEMM8_OUT4(20),
+          GEMM8_OUT4(24), GEMM8_OUT4(28)
+        : "l"(desc_a), "l"(desc_b), "r"(0));
+#else
+    (void)d; (void)desc_a; (void)desc_b;
+    unsupported_on_target();
+#endif
+}
+#undef GEMM8_OUT4
+
 template <class OT>
 ROCJIT_INLINE void store_pair(OT* c, long long ldc, int r, int col, float v0, float v1, int M, int N, bool trans,
                               bool pairs) {
@@ -604,7 +626,11 @@ ROCJIT_INLINE void tma_gemm(const tensor_map& tma_a, const tensor_map& tma_b, OT
                 // new value, so the compiler never copies a set a wgmma still owns (ptxas would answer such a
                 // copy by serializing every wgmma); one set (!PIPE) keeps the read-write form, which spills less
                 wgmma::fence();
-                wgmma::mma_n<BN>::fresh(p, da, db);
+                if constexpr (BN == 64) {
+                    mma_m64n64k32_fresh(p, da, db);
+                } else {
+                    wgmma::mma_m64n128k32_fresh(p, da, db);
+                }
             } else {
                 wgmma::fence_operands(p);
                 wgmma::fence();

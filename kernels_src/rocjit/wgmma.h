@@ -86,41 +86,23 @@ template <int R> ROCJIT_INLINE void fence_operands(float (&d)[R]) {
 #endif
 }
 
-// The m64n64k32 accumulator operands (32 floats per thread), as asm operand lists for the two forms below.
-#define ROCJIT_WGMMA_D32_REGS \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define ROCJIT_WGMMA_D4(C, d, i) C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3])
-#define ROCJIT_WGMMA_D32(C, d) ROCJIT_WGMMA_D4(C, d, 0), ROCJIT_WGMMA_D4(C, d, 4), ROCJIT_WGMMA_D4(C, d, 8), \
-    ROCJIT_WGMMA_D4(C, d, 12), ROCJIT_WGMMA_D4(C, d, 16), ROCJIT_WGMMA_D4(C, d, 20), ROCJIT_WGMMA_D4(C, d, 24), \
-    ROCJIT_WGMMA_D4(C, d, 28)
-
 // d (+)= A[64 x 32] B[32 x N]: desc_a / desc_b from desc_sw128; accumulate 0 overwrites d (scale-d = 0).
 ROCJIT_INLINE void mma_m64n64k32(float (&d)[32], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
 #if ROCJIT_HAS_WGMMA
     asm volatile(
         "{\n.reg .pred p;\n"
         "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" ROCJIT_WGMMA_D32_REGS "}, %32, %33, p, 1, 1;\n}\n"
-        : ROCJIT_WGMMA_D32("+f", d)
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
     (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
-    unsupported_on_target();
-#endif
-}
-
-// The same with D = A B written fresh (write-only outputs; see mma_m64n128k32_fresh below).
-ROCJIT_INLINE void mma_m64n64k32_fresh(float (&d)[32], unsigned long long desc_a, unsigned long long desc_b) {
-#if ROCJIT_HAS_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" ROCJIT_WGMMA_D32_REGS "}, %32, %33, p, 1, 1;\n}\n"
-        : ROCJIT_WGMMA_D32("=f", d)
-        : "l"(desc_a), "l"(desc_b), "r"(0));
-#else
-    (void)d; (void)desc_a; (void)desc_b;
     unsupported_on_target();
 #endif
 }
@@ -278,21 +260,14 @@ ROCJIT_INLINE void fence_operand(unsigned& r) {
 
 // m64nNk32 by its N (d: N / 2 floats per thread)
 template <int N> struct mma_n;
-// (fresh: the write-only first step of a new partial, where the N has one)
 template <> struct mma_n<64> {
     static ROCJIT_INLINE void run(float (&d)[32], unsigned long long a, unsigned long long b, int acc) {
         mma_m64n64k32(d, a, b, acc);
-    }
-    static ROCJIT_INLINE void fresh(float (&d)[32], unsigned long long a, unsigned long long b) {
-        mma_m64n64k32_fresh(d, a, b);
     }
 };
 template <> struct mma_n<128> {
     static ROCJIT_INLINE void run(float (&d)[64], unsigned long long a, unsigned long long b, int acc) {
         mma_m64n128k32(d, a, b, acc);
-    }
-    static ROCJIT_INLINE void fresh(float (&d)[64], unsigned long long a, unsigned long long b) {
-        mma_m64n128k32_fresh(d, a, b);
     }
 };
 template <> struct mma_n<192> {
