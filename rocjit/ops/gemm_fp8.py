@@ -271,23 +271,28 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
     units = lambda c: tiles(c["bm"], c["bn"]) * c.get("splits", 1)  # noqa: E731
     long_k = K is None or C.ceil_div(K, BLOCK) > NARROW_MAX_KBLOCKS
     by_rank = lambda c: (units(c), c["bn"], -_pipe_rank(c))  # noqa: E731
-    if M <= ROWS64_MAX_M:
-        rows64 = [c for c in cands if c.get("kernel") == "tma" and c["bm"] == 64]
-        split = [c for c in rows64 if c.get("splits", 1) > 1]
-        if split and long_k:
+
+    def few_tiles(bm, narrow):
+        """The split-K rule over the twins of the bm-row tiles and the unsplit configs `narrow` whose tiles fit one
+        round; None where bm-row tiles have no twins here."""
+        split = [c for c in cands if c.get("kernel") == "tma" and c["bm"] == bm and c.get("splits", 1) > 1]
+        if not split:
+            return None
+        if long_k:
             return max(split, key=by_rank)
-        if split:
-            return _fewest_ranges(split + [c for c in rows64 if _whole_tile(c) and tiles(64, c["bn"]) <= sms], units)
-        whole = [c for c in rows64 if _whole_tile(c) and c["bn"] == 128]
-        if whole:
-            return min(whole, key=_pipe_rank)
-    split = [c for c in cands if c.get("splits", 1) > 1 and c["bm"] == 128]
-    if split and long_k:
-        return max(split, key=by_rank)
-    if split:
-        if tiles(128, 64) <= sms:
-            split += [c for c in cands if _whole_tile(c) and c["bm"] == 128 and c["bn"] == 64]
-        return _fewest_ranges(split, units)
+        return _fewest_ranges(split + [c for c in narrow if tiles(c["bm"], c["bn"]) <= sms], units)
+
+    whole = [c for c in cands if _whole_tile(c)]
+    if M <= ROWS64_MAX_M:
+        rows64 = [c for c in whole if c["bm"] == 64]
+        chosen = few_tiles(64, rows64)
+        if chosen is None and any(c["bn"] == 128 for c in rows64):
+            chosen = min((c for c in rows64 if c["bn"] == 128), key=_pipe_rank)
+        if chosen is not None:
+            return chosen
+    chosen = few_tiles(128, [c for c in whole if c["bm"] == 128 and c["bn"] == 64])
+    if chosen is not None:
+        return chosen
     three = next((c for c in cands if c.get("kernel") == "tma" and c["bm"] == 192 and "tail" not in c), None)
     if three is not None and M > 64 and tiles(192, 128) >= sms:
         twin = next((c for c in cands if "tail" in c and {k: v for k, v in c.items() if k != "tail"} == three), None)
