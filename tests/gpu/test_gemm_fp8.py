@@ -250,20 +250,27 @@ def test_default_config_takes_the_tail_split_twin(layout):
 @pytest.mark.parametrize("layout", ["NT", "TN"])
 @pytest.mark.parametrize("M, N, K, splits", [(136, 4000, 2000, 1), (200, 2100, 6200, 2)])
 def test_default_config_takes_the_narrow_tile_for_few_tiles(layout, M, N, K, splits):
+    cfg = _default_config_through_the_op(layout, M, N, K, seed=M + N)
+    assert (cfg["kernel"], cfg["bm"], cfg["bn"], cfg.get("splits", 1)) == ("tma", 128, 64, splits)
+
+
+def _default_config_through_the_op(layout, M, N, K, seed):
+    """The config the op's built-in default takes for an M x N x K product in `layout` (autotuning is off in this
+    file), once the op has computed it into a poisoned `out` and matched the float64 reference. The shapes of its
+    callers are chosen for 132 multiprocessors (skipped elsewhere)."""
     target = _need_sm90a("TMA")
-    sms = _gemm._device(0)[2]
-    if sms != 132:
+    if _gemm._device(0)[2] != 132:
         pytest.skip("the shapes are chosen for 132 multiprocessors")
     sb_rows = layout == "TN"
-    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + N)
+    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=seed)
     a, sa, b, sb = _layout_args(layout, xq, xs, wq, ws)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
     cfg = G.config_for(out, a_km, b_km, G._strided(xs), G._strided(ws), M, N, K, sb_rows, False, target)
-    assert (cfg["kernel"], cfg["bm"], cfg["bn"], cfg.get("splits", 1)) == ("tma", 128, 64, splits)
     got = ops.gemm_fp8_blockwise(a, sa, b, sb, layout=layout, out=out)
     assert got is out
     _close(out, ref, torch.bfloat16)
+    return cfg
 
 
 # At most 64 rows the op's built-in default runs 64-row TMA tiles (one math warpgroup): 50 x 1800 x 9000 (71 K
@@ -274,19 +281,8 @@ def test_default_config_takes_the_narrow_tile_for_few_tiles(layout, M, N, K, spl
 @pytest.mark.parametrize("layout", ["NT", "TN"])
 @pytest.mark.parametrize("M, N, K, bn, splits", [(50, 1800, 9000, 128, 8), (40, 5000, 1000, 64, 1)])
 def test_default_config_takes_a_64_row_tile_for_at_most_64_rows(layout, M, N, K, bn, splits):
-    target = _need_sm90a("TMA")
-    if _gemm._device(0)[2] != 132:
-        pytest.skip("the shapes are chosen for 132 multiprocessors")
-    sb_rows = layout == "TN"
-    xq, xs, wq, ws, ref = _operands(M, N, K, sb_rows, seed=M + N + K)
-    a, sa, b, sb = _layout_args(layout, xq, xs, wq, ws)
-    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    a_km, b_km = G._kmajor(xq, K)[0], G._kmajor(wq, K)[0]
-    cfg = G.config_for(out, a_km, b_km, G._strided(xs), G._strided(ws), M, N, K, sb_rows, False, target)
+    cfg = _default_config_through_the_op(layout, M, N, K, seed=M + N + K)
     assert (cfg["kernel"], cfg["bm"], cfg["bn"], cfg.get("splits", 1)) == ("tma", 64, bn, splits)
-    got = ops.gemm_fp8_blockwise(a, sa, b, sb, layout=layout, out=out)
-    assert got is out
-    _close(out, ref, torch.bfloat16)
 
 
 def _kb_major(s, offset=0):
