@@ -82,7 +82,7 @@ _SM90_TILES = ((128, 128, 6, True), (128, 256, 4, False), (128, 128, 4, False), 
 # (gemm_fp8_blockwise_tma1_kernel, 256 threads), for products of at most ROWS64_MAX_M rows
 _TMA_TILES = ((256, 128, 4, False, 2), (256, 128, 4, False, 1), (128, 128, 6, True, 2), (128, 128, 6, True, 1),
               (128, 128, 6, False, 2), (128, 128, 6, False, 1), (128, 192, 5, False, 1), (192, 128, 5, False, 1),
-              (128, 64, 8, True, 1), (128, 64, 8, False, 1), (64, 128, 8, True, 1), (64, 128, 8, False, 1),
+              (128, 64, 8, False, 1), (64, 128, 8, True, 1), (64, 128, 8, False, 1),
               (64, 64, 12, True, 1), (64, 64, 12, False, 1))
 # products of at most this many rows are offered the 64-row TMA tiles and default to them (H200: at M = 128 none of
 # them was the fastest config at any of five DeepSeek-V3 shapes)
