@@ -97,12 +97,29 @@ def test_wgmma_configs_only_on_sm90a_unless_turned_off(monkeypatch):
     assert G.default_config(1024, 2112, 132, cands3) == G.default_config(1024, 2112, 132, cands)  # 6 x 17: too few
     assert G.default_config(1024, 2112, 132, cands)["bm"] == 128            # 4 x 17 256-row tiles: too few
     assert G.default_config(256, 256, 132, cands)["kernel"] == "tma"
-    # at most 64 rows: a 64-row TMA tile (one math warpgroup), pipelined 64 x 128 where no split twin is offered
-    assert G.default_config(1, 7168, 132, cands) == {"kernel": "tma", "bm": 64, "bn": 128, "stages": 8, "pipe": True,
-                                                     "cluster": 1}
-    tma = [c for c in cands3 if c.get("kernel") == "tma"]
+    # at most 64 rows: a 64-row TMA tile, 64 x 128 where no split twin is offered: pipelined on one math warpgroup,
+    # or on two taking turns over the K blocks where that twin is offered
+    assert G.default_config(1, 7168, 132, cands) == {"kernel": "tma", "bm": 64, "bn": 128, "stages": 6, "pipe": False,
+                                                     "cluster": 1, "kwg": 2}
+    one = [c for c in cands if "kwg" not in c]
+    assert G.default_config(1, 7168, 132, one) == {"kernel": "tma", "bm": 64, "bn": 128, "stages": 8, "pipe": True,
+                                                   "cluster": 1}
+    tma = [c for c in cands3 if c.get("kernel") == "tma" and "kwg" not in c]
     assert len(tma) == len(G._TMA_TILES)
     assert all(G.threads(c, "sm_90a") == {192: 512, 64: 256}.get(c["bm"], 384) for c in tma)
+    # 64-row tiles of 2 or 3 math warpgroups taking turns over the K blocks: stages a multiple of them, and room for
+    # the accumulators the others hand to the first
+    kwg = [c for c in cands3 if "kwg" in c]
+    assert len(kwg) == len(G._TMA_KWG_TILES)
+    for c in kwg:
+        assert c["kernel"] == "tma" and c["bm"] == 64 and c["stages"] % c["kwg"] == 0 and not c["pipe"]
+        assert G.threads(c, "sm_90a") == 128 * (c["kwg"] + 1)
+        assert G.smem_bytes(c) == G.smem_bytes({k: v for k, v in c.items() if k != "kwg"}) + \
+            (c["kwg"] - 1) * 64 * c["bn"] * 4 <= 227 * 1024
+    # the built-in rule takes them at most 64 rows only (twins of its one-warpgroup choices, tested below)
+    for M, N, K in ((128, 4096, 7168), (65, 2112, 7168), (4096, 4096, 4096), (64, 2112, 7168), (1, 7168, 2048)):
+        allc = cands3 + G.split_candidates(M, N, K, 132, cands3)
+        assert ("kwg" in G.default_config(M, N, 132, allc, K)) == (M <= G.ROWS64_MAX_M), (M, N, K)
     assert {c["bm"] for c in tma} == {64, 128, 192, 256}
     assert {c["bn"] for c in tma} == {64, 128, 192}
     # the 128 x 192 tile where its last wave is much fuller (4096 x 2112: 3 rounds of 352 tiles against 3 rounds of
@@ -135,11 +152,15 @@ def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
     assert all(dict((k, v) for k, v in c.items() if k != "splits") in cands for c in split)
     # K unknown or longer than NARROW_MAX_KBLOCKS: the twin with the most work units, the wider tile on a tie (132 =
     # 11 x 12 = 33 x 4 against 119 = 17 x 7); at most 64 rows, of the 64-row tiles' twins: 64 x 7168 x 16384 on
-    # 64 x 128 in 2 ranges, pipelined (112 units; the fastest config there, H200)
+    # 64 x 128 in 2 ranges (112 units), pipelined on one math warpgroup (the fastest one-warpgroup config there,
+    # H200), on two taking turns where offered (faster still)
+    one = [c for c in cands if "kwg" not in c]
     chosen = G.default_config(128, 2112, 132, cands + split)
     assert (chosen["bm"], chosen["bn"], chosen["splits"]) == (128, 192, 12)
-    chosen = G.default_config(64, 7168, 132, cands + G.split_candidates(64, 7168, 16384, 132, cands), 16384)
+    chosen = G.default_config(64, 7168, 132, one + G.split_candidates(64, 7168, 16384, 132, one), 16384)
     assert (chosen["bm"], chosen["bn"], chosen["splits"], chosen["pipe"]) == (64, 128, 2, True)
+    chosen = G.default_config(64, 7168, 132, cands + G.split_candidates(64, 7168, 16384, 132, cands), 16384)
+    assert (chosen["bm"], chosen["bn"], chosen["splits"], chosen["pipe"], chosen["kwg"]) == (64, 128, 2, False, 2)
     # K of at most NARROW_MAX_KBLOCKS blocks: the fewest ranges within SPLIT_UNITS_BAND of the most units, the unsplit
     # 128 x 64 tile counted where its tiles fit one round (H200 measurements at SPLIT_UNITS_BAND)
     chosen = G.default_config(128, 2112, 132, cands + split, 7168)               # 132 units in 4 ranges
@@ -156,13 +177,20 @@ def test_split_k_twins_only_where_tiles_leave_multiprocessors_idle():
     # at most 64 rows, K of at most NARROW_MAX_KBLOCKS blocks: the same rule over the 64-row tiles' twins and their
     # unsplit tiles that fit one round (H200, the fastest config at each): 64 x 7168 x 2048 unsplit 64 x 64 (112 units,
     # as many as 64 x 128 in 2 ranges); 64 x 2112 x 7168 64 x 64 in 4 (132; 64 x 128 in 7: 119); 64 x 4096 x 7168
-    # 64 x 64 in 2 (128, as 64 x 128 in 4); 40 x 24576 x 1536, 192 tiles of 64 x 128: that tile unsplit, pipelined
+    # 64 x 64 in 2 (128, as 64 x 128 in 4); 40 x 24576 x 1536, 192 tiles of 64 x 128: that tile unsplit, pipelined;
+    # each on two math warpgroups taking turns where that twin is offered (same tile and ranges, no pipelining)
     for (M, N, K), want in (((64, 7168, 2048), (64, 1)), ((64, 2112, 7168), (64, 4)), ((64, 4096, 7168), (64, 2)),
                             ((40, 24576, 1536), (128, 1))):
-        chosen = G.default_config(M, N, 132, cands + G.split_candidates(M, N, K, 132, cands), K)
+        chosen = G.default_config(M, N, 132, one + G.split_candidates(M, N, K, 132, one), K)
         assert (chosen["kernel"], chosen["bm"], chosen["bn"], chosen.get("splits", 1)) == ("tma", 64) + want, (M, N)
-        assert chosen["pipe"] == (chosen["bn"] == 128), (M, N)
-    assert G.default_config(40, 24576, 132, cands, 1536)["pipe"]
+        assert chosen["pipe"] == (chosen["bn"] == 128) and "kwg" not in chosen, (M, N)
+        twin = G.default_config(M, N, 132, cands + G.split_candidates(M, N, K, 132, cands), K)
+        assert twin == dict(chosen, pipe=False, stages=twin["stages"], kwg=2) and twin in \
+            cands + G.split_candidates(M, N, K, 132, cands), (M, N)
+    assert G.default_config(40, 24576, 132, one, 1536)["pipe"]
+    assert G.default_config(40, 24576, 132, cands, 1536)["kwg"] == 2
+    # above 64 rows never (not offered there: no such tile was the fastest config at M = 128)
+    assert "kwg" not in G.default_config(65, 2112, 132, cands + G.split_candidates(65, 2112, 7168, 132, cands), 7168)
     # 65 rows: the 128-row tiles' rule (128 x 64 in 4 ranges at 65 x 2112 x 7168)
     chosen = G.default_config(65, 2112, 132, cands + G.split_candidates(65, 2112, 7168, 132, cands), 7168)
     assert (chosen["bm"], chosen["bn"], chosen["splits"]) == (128, 64, 4)
@@ -229,6 +257,8 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
     for r in rows:
         if "_tma" in r["kernel"]:   # 384 / 512 threads (setmaxnreg moves registers between the warpgroups); 256
             nthreads = 512 if "_tma3" in r["kernel"] else 256 if "_tma1" in r["kernel"] else 384
+            if "_tmak" in r["kernel"]:                                       # 128 x (KWG + 1)
+                nthreads = 128 * (int(re.search(r"<[^,]+, (\d+),", r["kernel"]).group(1)) + 1)
             assert int(r["registers"]) * nthreads <= 65536, r
             continue
         bm, ws = re.search(r"<[^,]+, (\d+), \d+, \d+, (true|false),", r["kernel"]).groups()
@@ -240,6 +270,8 @@ def test_wgmma_kernel_builds_clean_for_sm90a(tmp_path):
             assert f", {c['bm']}, {c['bn']}, {c['stages']}, {'true' if c['ws'] else 'false'}," in text, c
         elif c.get("kernel") == "tma" and c["bm"] == 192:
             assert f"gemm_fp8_blockwise_tma3_kernel<__hip_bfloat16, {c['stages']}," in text, c
+        elif "kwg" in c:
+            assert f"gemm_fp8_blockwise_tmak_kernel<__hip_bfloat16, {c['kwg']}, {c['bn']}, {c['stages']}," in text, c
         elif c.get("kernel") == "tma" and c["bm"] == 64:
             assert re.search(rf"gemm_fp8_blockwise_tma1_kernel<[^,]+, {c['bn']}, {c['stages']}, "
                              rf"{'true' if c['pipe'] else 'false'},", text), c

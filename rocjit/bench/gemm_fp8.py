@@ -290,7 +290,8 @@ def _wgmma_rows(result, xq, xs, qsets, M, N, K, op_nt, torch):
             continue
         kind = "tma" if cfg["kernel"] == "tma" else "wgmma"
         tail = ("ws" if cfg.get("ws") else "") + ("p" if cfg.get("pipe") else "") + \
-            (f"c{cfg['cluster']}" if cfg.get("cluster", 1) > 1 else "") + (f"t{cfg['tail']}" if "tail" in cfg else "")
+            (f"c{cfg['cluster']}" if cfg.get("cluster", 1) > 1 else "") + (f"k{cfg['kwg']}" if "kwg" in cfg else "") + \
+            (f"t{cfg['tail']}" if "tail" in cfg else "")
         out[f"NT_{kind}_{cfg['bm']}x{cfg['bn']}s{cfg['stages']}{tail}"] = fns
     return out
 

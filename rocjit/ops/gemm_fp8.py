@@ -39,8 +39,8 @@ Decisions:
   partials summed in split order by a second kernel, gemm_fp8_splitk_sum; H200, 64 x 2112 x 7168: 12.7 us against
   24.5 unsplit); for them the TMA kernel also has a 128 x 64 tile (twice the tiles of 128 x 128, so fewer ranges,
   or none: H200, TN 128 x 7168 x 2048 9.0 us against 12.8 on 128 x 128, see default_config). Products of at most
-  ROWS64_MAX_M rows get 64-row tiles on one math warpgroup and their split twins (H200, NT 64 x 2112 x 7168: 10.5 us
-  against 13.3 on the 128-row tiles). Products whose tiles leave the grid's last round at most half full get
+  ROWS64_MAX_M rows get 64-row tiles and their split twins, on one math warpgroup or on two taking turns over the K
+  blocks (H200, NT 64 x 2112 x 7168: 10.5 us on one, 9.8 on two, against 13.3 on the 128-row tiles). Products whose tiles leave the grid's last round at most half full get
   tail-split twins (tail_candidates: that round's tiles cut into K ranges, their partials summed by
   gemm_fp8_tail_sum), which the tuner times; the built-in default takes the 192 x 128 tile's twin where its ranges
   are long (TAIL_DEFAULT_KBLOCKS).
@@ -87,6 +87,17 @@ _TMA_TILES = ((256, 128, 4, False, 2), (256, 128, 4, False, 1), (128, 128, 6, Tr
 # products of at most this many rows are offered the 64-row TMA tiles and default to them (H200: at M = 128 none of
 # them was the fastest config at any of five DeepSeek-V3 shapes)
 ROWS64_MAX_M = 64
+# sm_90a TMA kernel, 64-row tiles whose `kwg` math warpgroups take turns over the K blocks (gemm_fp8_blockwise_tmak_
+# kernel): (BN, stages, kwg). Each warpgroup is a chain of wgmmas, waits and promotions of its own, so one slab's
+# tile has two in flight where the one-warpgroup tile has one; the stages a multiple of kwg, with room for the
+# accumulators the second warpgroup hands to the first (64 x BN floats). H200, graph replays, three alternating
+# rounds, NT / TN µs, against the same tile and K ranges on one warpgroup: 64 x 7168 x 2048 64 x 64 7.6 / 7.6 against
+# 8.6 / 8.8; 64 x 2112 x 7168 64 x 64 in 4 ranges 9.8 / 9.1 against 10.5 / 10.1; 64 x 4096 x 7168 64 x 64 in 2
+# 13.5 / 13.7 against 14.6 / 15.8; 64 x 7168 x 16384 64 x 128 in 2 37.1 / 38.0 against 38.7 / 39.9; 64 x 24576 x 1536
+# 64 x 128 16.1 / 13.7 against 17.2 / 16.2. Three warpgroups (64 x 64, 9 stages) were no faster than two at any of
+# them, and at M = 128 no such tile was the fastest config at any of the five shapes: offered, as the other 64-row
+# tiles, to products of at most ROWS64_MAX_M rows.
+_TMA_KWG_TILES = ((64, 12, 2), (128, 6, 2))
 
 
 def tma_enabled() -> bool:
@@ -105,7 +116,9 @@ def _stage_bytes(bm: int, bn: int) -> int:
 
 def smem_bytes(cfg: dict) -> int:
     if cfg.get("kernel") in ("sm90", "tma"):       # ring + scales + 2 mbarriers per stage + 1024 B to align the ring
-        return cfg["stages"] * (_stage_bytes(cfg["bm"], cfg["bn"]) + 16) + 1024
+        # (+ kwg: the accumulators handed to the first math warpgroup)
+        return cfg["stages"] * (_stage_bytes(cfg["bm"], cfg["bn"]) + 16) + 1024 + \
+            (cfg.get("kwg", 1) - 1) * cfg["bm"] * cfg["bn"] * 4
     return max(cfg["stages"] * _stage_bytes(cfg["bm"], cfg["bn"]), cfg["bm"] * (cfg["bn"] + 1) * 4)
 
 
@@ -117,7 +130,7 @@ def threads(cfg: dict, target: str) -> int:
     if cfg.get("kernel") == "sm90":
         return (cfg["bm"] // 64 + int(cfg["ws"])) * 128
     if cfg.get("kernel") == "tma":
-        return {192: 512, 64: 256}.get(cfg["bm"], 384)
+        return 128 * (cfg["kwg"] + 1) if "kwg" in cfg else {192: 512, 64: 256}.get(cfg["bm"], 384)
     from rocjit import targets
     return cfg["wm"] * cfg["wn"] * targets.wave_size(target)
 
@@ -131,6 +144,10 @@ def candidates(target: str, smem_limit: int, sm90: bool | None = None) -> list[d
     if hopper and tma_enabled():
         for bm, bn, stages, pipe, cluster in _TMA_TILES:
             cfg = {"kernel": "tma", "bm": bm, "bn": bn, "stages": stages, "pipe": pipe, "cluster": cluster}
+            if smem_bytes(cfg) <= smem_limit:
+                out.append(cfg)
+        for bn, stages, kwg in _TMA_KWG_TILES:
+            cfg = {"kernel": "tma", "bm": 64, "bn": bn, "stages": stages, "pipe": False, "cluster": 1, "kwg": kwg}
             if smem_bytes(cfg) <= smem_limit:
                 out.append(cfg)
     if hopper:
@@ -240,9 +257,18 @@ def _fewest_ranges(pool: list[dict], units) -> dict:
                key=lambda c: (c.get("splits", 1), -c["bn"], _pipe_rank(c)))
 
 
+def _turns_twin(c: dict, turns: list[dict]) -> dict:
+    """The config of `turns` (64-row tiles of math warpgroups taking turns over the K blocks) with c's tile and K
+    ranges, else c: faster than c's one warpgroup at each of the ten shapes and layouts of _TMA_KWG_TILES'
+    measurements, pipelined partials or not."""
+    return next((t for t in turns if t["bm"] == c["bm"] and t["bn"] == c["bn"] and
+                 t.get("splits", 1) == c.get("splits", 1) and "tail" not in t and "tail" not in c), c)
+
+
 def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = None) -> dict:
-    """Products of at most ROWS64_MAX_M rows on the TMA kernel: 64-row tiles (one math warpgroup; a 128-row tile
-    multiplies as many dead rows as live ones) -- with K given and at most NARROW_MAX_KBLOCKS K blocks, by the rule
+    """Products of at most ROWS64_MAX_M rows on the TMA kernel: 64-row tiles (a 128-row tile multiplies as many dead
+    rows as live ones), each chosen below for one math warpgroup and run on two taking turns where cands hold that
+    twin (_turns_twin) -- with K given and at most NARROW_MAX_KBLOCKS K blocks, by the rule
     below over their split twins and unsplit tiles that fit one round; longer K (or K not given), the twin with the
     most work units, the wider tile on a tie; where their tiles fill the GPU, 64 x 128 with pipelined partials (H200,
     NT / TN, µs, graph replays, three alternating rounds, against the shipped 128-row choices: 64 x 7168 x 2048
@@ -267,6 +293,8 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
     WIDE_TILE_EFFICIENCY: 4096 x 2112, 1002 against 756 TFLOP/s on an H100) -- else 128 x 128 with pipelined
     partials (faster than without at 5 of 6 shapes measured);
     with the TMA kernel turned off, the wgmma kernel's largest such tile (128 x 256, then 128 x 128), else 64 x 128."""
+    turns = [c for c in cands if "kwg" in c]          # taken only as the twins of the rule's 64-row choices
+    cands = [c for c in cands if "kwg" not in c]
     tiles = lambda bm, bn: C.ceil_div(M, bm) * C.ceil_div(N, bn)  # noqa: E731
     units = lambda c: tiles(c["bm"], c["bn"]) * c.get("splits", 1)  # noqa: E731
     long_k = K is None or C.ceil_div(K, BLOCK) > NARROW_MAX_KBLOCKS
@@ -289,7 +317,7 @@ def default_config(M: int, N: int, sms: int, cands: list[dict], K: int | None = 
         if chosen is None and any(c["bn"] == 128 for c in rows64):
             chosen = min((c for c in rows64 if c["bn"] == 128), key=_pipe_rank)
         if chosen is not None:
-            return chosen
+            return _turns_twin(chosen, turns)
     chosen = few_tiles(128, [c for c in whole if c["bm"] == 128 and c["bn"] == 64])
     if chosen is not None:
         return chosen
@@ -505,6 +533,8 @@ def _tma_kernel(cfg, od, sb_rows, trans_c, vec_out, M, N, dev):
     flags = f"{C.cbool(sb_rows)}, {C.cbool(trans_c)}, {C.cbool(vec_out)}"
     if bm == 192:                       # three math warpgroups of one slab
         name = f"gemm_fp8_blockwise_tma3_kernel<{G.ctype(od)}, {cfg['stages']}, {flags}>"
+    elif "kwg" in cfg:                  # math warpgroups taking turns over one slab's K blocks
+        name = f"gemm_fp8_blockwise_tmak_kernel<{G.ctype(od)}, {cfg['kwg']}, {bn}, {cfg['stages']}, {flags}>"
     elif bm == 64:                      # one math warpgroup of one slab
         name = f"gemm_fp8_blockwise_tma1_kernel<{G.ctype(od)}, {bn}, {cfg['stages']}, {C.cbool(cfg['pipe'])}, {flags}>"
     else:

@@ -133,7 +133,7 @@ def test_wgmma_kernel_every_config_against_float64(M, N, K, sb_rows, trans_c, od
     sa, sb = G._strided(xs), G._strided(ws)
     wg = [c for c in G.candidates(target, G._smem_limit(0), sm90=True) if c.get("kernel")]
     assert len([c for c in wg if c["kernel"] == "sm90"]) >= 3
-    assert len([c for c in wg if c["kernel"] == "tma"]) == len(G._TMA_TILES)
+    assert len([c for c in wg if c["kernel"] == "tma"]) == len(G._TMA_TILES) + len(G._TMA_KWG_TILES)
     for cfg in wg:
         out = torch.full((N, M) if trans_c else (M, N), float("nan"), device="cuda", dtype=od)
         G._launch(cfg, out, a_km, b_km, sa, sb, M, N, K, sb_rows, trans_c)
@@ -273,7 +273,8 @@ def _default_config_through_the_op(layout, M, N, K, seed):
     return cfg
 
 
-# At most 64 rows the op's built-in default runs 64-row TMA tiles (one math warpgroup): 50 x 1800 x 9000 (71 K
+# At most 64 rows the op's built-in default runs 64-row TMA tiles (two math warpgroups taking turns over the K
+# blocks, the twins of the rule's one-warpgroup choices): 50 x 1800 x 9000 (71 K
 # blocks: the most work units) on 64 x 128 in 8 K ranges (15 tiles; 120 units against 116 for 64 x 64 in 4),
 # 40 x 5000 x 1000 on 64 x 64 unsplit (79 tiles; 64 x 128 in 2 ranges: 80 units); K tails, N tails, rows past M; NT
 # and TN, through the op, against float64. (Shapes whose tuning buckets, exact and power-of-two, have no shipped
@@ -282,7 +283,7 @@ def _default_config_through_the_op(layout, M, N, K, seed):
 @pytest.mark.parametrize("M, N, K, bn, splits", [(50, 1800, 9000, 128, 8), (40, 5000, 1000, 64, 1)])
 def test_default_config_takes_a_64_row_tile_for_at_most_64_rows(layout, M, N, K, bn, splits):
     cfg = _default_config_through_the_op(layout, M, N, K, seed=M + N + K)
-    assert (cfg["kernel"], cfg["bm"], cfg["bn"], cfg.get("splits", 1)) == ("tma", 64, bn, splits)
+    assert (cfg["kernel"], cfg["bm"], cfg["bn"], cfg.get("splits", 1), cfg.get("kwg")) == ("tma", 64, bn, splits, 2)
 
 
 def _kb_major(s, offset=0):
